@@ -1,0 +1,1 @@
+"""tandem's Redis side: key layout, atomic scripts, executor table, coordinator."""

@@ -1,0 +1,171 @@
+"""The `tandem` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+
+import click
+
+from broker.errors import TandemError
+from broker.settings import load_settings
+
+
+def _redis_option(f):
+    return click.option(
+        "--redis",
+        "redis_url",
+        envvar="TANDEM_REDIS_URL",
+        default=None,
+        help="Redis URL (redis://, rediss://, with user:pass@ for ACLs).",
+    )(f)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@click.group()
+def main() -> None:
+    """tandem: batched inference on Celery and Redis with two-level scheduling."""
+
+
+@main.command()
+@_redis_option
+@click.option("--model", "models", multiple=True, help="NAME:VERSION to serve; repeatable.")
+@click.option("--max-batch", type=int, help="Largest batch (default 32).")
+@click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
+@click.option("--heartbeat-ttl-s", type=float, help="Dead after this long without a heartbeat.")
+@click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
+@click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
+@click.option("--device", help="auto, cpu or cuda:N.")
+@click.option("--hostname", help="Celery node name (default tandem@<host>).")
+@click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
+def worker(**flags) -> None:
+    """Run a Celery worker that hosts one executor per --model."""
+    from workers.bootstep import run_worker
+
+    settings = load_settings(**flags)
+    _logging(settings.loglevel)
+    run_worker(settings)
+
+
+@main.command()
+@_redis_option
+@click.option(
+    "--interval-s",
+    "coordinator_interval_s",
+    type=float,
+    help="How often to look for dead executors (default 0.5).",
+)
+@click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
+def coordinator(**flags) -> None:
+    """Expire dead executors, reclaim their tasks, publish state changes."""
+    from broker.coordinator import serve
+
+    settings = load_settings(**flags)
+    _logging(settings.loglevel)
+    serve(settings)
+
+
+@main.command()
+@_redis_option
+@click.argument("model")
+@click.argument("inputs_json")
+@click.option("--priority", type=int, default=0, help="0 (first) to 9.")
+@click.option("--deadline-s", type=float, help="Fail the task if not computed in time.")
+@click.option("--timeout-s", type=float, default=60.0, help="How long to wait for the result.")
+def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> None:
+    """Submit one task and print its result as JSON."""
+    from producers.client import Client
+
+    try:
+        inputs = json.loads(inputs_json)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="INPUTS_JSON") from e
+    with Client(redis_url) as client:
+        result = client.submit(model, inputs, priority=priority, deadline_s=deadline_s)
+        value = result.get(timeout=timeout_s)
+    click.echo(
+        json.dumps(
+            {
+                "task_id": result.id,
+                "route": result.route,
+                "executor": result.executor,
+                "result": value,
+            }
+        )
+    )
+
+
+@main.command()
+@_redis_option
+def status(redis_url) -> None:
+    """Print each executor and each queue's depth."""
+    import redis
+
+    from broker.status import render
+
+    settings = load_settings(redis_url=redis_url)
+    render(redis.Redis.from_url(settings.redis_url))
+
+
+def _stack_options(f):
+    f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
+    f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)
+    f = click.option("--max-batch", type=int)(f)
+    f = click.option("--max-wait-ms", type=float)(f)
+    return _redis_option(f)
+
+
+@main.command()
+@_stack_options
+def up(workers, **flags) -> None:
+    """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers."""
+    from broker.stack import Stack
+
+    settings = load_settings(**flags)
+    _logging("INFO")
+    stack = Stack(settings, workers=workers, embedded=flags["redis_url"] is None).start()
+    click.echo(
+        f"tandem up on {stack.url}: {workers} workers serving "
+        f"{', '.join(settings.models)}; logs in .tandem/logs. Ctrl-C stops."
+    )
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while all(p.poll() is None for p in stack.processes):
+            time.sleep(0.5)  # idle until Ctrl-C, SIGTERM or a child exits
+        click.echo("a child process exited; see .tandem/logs", err=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("stopping ...")
+        stack.stop()
+
+
+@main.command()
+@_stack_options
+def demo(workers, **flags) -> None:
+    """Bring up a local stack, run a low and a high Poisson load, print the figures."""
+    from producers.demo import run_demo
+
+    settings = load_settings(**flags)
+    _logging("WARNING")
+    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None)
+
+
+def run() -> None:
+    try:
+        main(standalone_mode=True)
+    except TandemError as e:
+        click.echo(f"error: {type(e).__name__}: {e}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,113 @@
+"""The coordinator: expires dead executors, reclaims their tasks, publishes state changes.
+
+It is never on a task's path. If it is down, tasks still flow; only dead
+executors are reclaimed late, and changes wait in the capped stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import redis
+
+from broker import keys
+from broker.settings import Settings
+from broker.table import Table
+
+log = logging.getLogger("tandem.coordinator")
+
+
+class Coordinator:
+    def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.redis = client or redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        self.table = Table(self.redis)
+        self.reclaimed = 0
+        self.relayed = 0
+        self._stop = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<Coordinator reclaimed={self.reclaimed} relayed={self.relayed}>"
+
+    def run(self) -> None:
+        """Loop until stop(): relay changes, then sweep for dead executors."""
+        log.info("coordinator on %s", _safe(self.settings.redis_url))
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                self.relay(block_ms=int(self.settings.coordinator_interval_s * 1000))
+                self.sweep()
+                delay = 0.1
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                log.warning("Redis unavailable (%s); retrying in %.1fs", e, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sweep(self) -> list[tuple[str, int]]:
+        """Reclaim every executor whose heartbeat lapsed. Returns (executor, tasks moved)."""
+        now_s, now_us = self.redis.time()
+        now_ms = now_s * 1000 + now_us // 1000
+        done = []
+        for executor in self.table.executors():
+            if executor.expires_ms > now_ms:
+                continue
+            moved = self.table.reclaim(executor.id, executor.model)
+            if moved >= 0:
+                self.reclaimed += 1
+                done.append((executor.id, moved))
+                log.warning(
+                    "executor %s missed its heartbeat; %d tasks back to L1 of %s",
+                    executor.id,
+                    moved,
+                    executor.model,
+                )
+        self._reap_stray_ids()
+        return done
+
+    def _reap_stray_ids(self) -> None:
+        """Drop ids left in an executors set whose hash is gone."""
+        for model in self.table.models():
+            for executor_id in self.table.executor_ids(model):
+                if not self.redis.exists(keys.executor(executor_id)):
+                    self.table.reclaim(executor_id, model, force=True)
+
+    def relay(self, block_ms: int = 0) -> int:
+        """Publish each new state change from the stream on the state channel, in order."""
+        last = self.redis.get(keys.RELAYED) or "$"
+        replies = self.redis.xread({keys.CHANGES: last}, count=1000, block=block_ms or None)
+        if not replies:
+            return 0
+        entries = replies[0][1]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for _entry_id, fields in entries:
+                change = {k.decode(): v.decode() for k, v in fields.items()}
+                change["ms"] = int(change.get("ms", 0))
+                pipe.publish(keys.CHANNEL, json.dumps(change))
+            pipe.set(keys.RELAYED, entries[-1][0])
+            pipe.execute()
+        self.relayed += len(entries)
+        return len(entries)
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+def serve(settings: Settings) -> None:
+    """Run a coordinator in the foreground until SIGINT or SIGTERM."""
+    import signal
+
+    coordinator = Coordinator(settings)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: coordinator.stop())
+    coordinator.run()
+    log.info("coordinator stopped: %r", coordinator)

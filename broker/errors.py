@@ -1,0 +1,31 @@
+"""The one error tree. Every error tandem raises on purpose is a TandemError."""
+
+from __future__ import annotations
+
+
+class TandemError(Exception):
+    """Root of every error tandem raises on purpose."""
+
+
+class UnknownModel(TandemError):
+    """No worker has registered this model version."""
+
+
+class BadInput(TandemError):
+    """A task's message or inputs are malformed or violate the model's spec."""
+
+
+class QueueFull(TandemError):
+    """The model's first-level queue is at its `max_queue` bound."""
+
+
+class DeadlineExceeded(TandemError):
+    """The task expired before an executor could compute it."""
+
+
+class BrokerUnavailable(TandemError):
+    """Redis could not be reached."""
+
+
+class ModelError(TandemError):
+    """The model raised while computing this task."""

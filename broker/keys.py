@@ -1,0 +1,83 @@
+"""The whole Redis key layout, in one place.
+
+A model is named ``NAME:VERSION``. Names and versions use letters, digits,
+``_`` and ``-`` only, so that they survive inside queue names and keys.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Priority steps, as kombu's Redis transport lays them out. Lower is served first.
+PRIORITY_STEPS = (0, 3, 6, 9)
+#: Separator kombu puts between a queue name and its priority step.
+PRIORITY_SEP = "\x06\x16"
+
+#: SET of every model version a worker has ever served ("resnet18:1").
+MODELS = "tandem:models"
+#: STREAM of executor state changes, written by the scripts, relayed by the coordinator.
+CHANGES = "tandem:changes"
+#: PUB/SUB channel where the coordinator publishes each state change as JSON.
+CHANNEL = "tandem:state"
+#: LIST of raw messages that could not even be decoded to find a task id.
+DEAD = "tandem:dead"
+#: STRING holding the last CHANGES id the coordinator relayed.
+RELAYED = "tandem:coordinator:relayed"
+#: Celery result key of a task; Celery's Redis backend publishes on the same name.
+RESULT_PREFIX = "celery-task-meta-"
+#: HASH per executor: model, worker, state, cap, max_batch, expires_ms, batches, tasks.
+EXECUTOR_PREFIX = "tandem:executor:"
+#: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.
+L2_PREFIX = "tandem:l2:"
+#: LIST per executor: every task it claimed and has not finished. Newest on the left.
+INFLIGHT_PREFIX = "tandem:inflight:"
+
+_PART = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def parse_model(model: str) -> tuple[str, str]:
+    """Split ``NAME:VERSION`` and check both parts; raise ValueError if malformed."""
+    name, sep, version = model.partition(":")
+    if not sep or not _PART.match(name) or not _PART.match(version):
+        raise ValueError(f"model must look like NAME:VERSION (letters, digits, _ -), got {model!r}")
+    return name, version
+
+
+def l1(model: str) -> str:
+    """LIST: the model's first-level queue, a real Celery queue ``tandem.l1.NAME.VERSION``."""
+    name, version = parse_model(model)
+    return f"tandem.l1.{name}.{version}"
+
+
+def l1_keys(model: str) -> list[str]:
+    """The L1 lists of every priority step, served first to last."""
+    base = l1(model)
+    return [base if p == 0 else f"{base}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
+
+def l1_for_priority(model: str, priority: int) -> str:
+    """The L1 list that kombu would pick for a message of this priority (0-9)."""
+    step = max(s for s in PRIORITY_STEPS if s <= min(max(priority, 0), 9))
+    return l1_keys(model)[PRIORITY_STEPS.index(step)]
+
+
+def executors(model: str) -> str:
+    """SET of executor ids serving this model."""
+    parse_model(model)
+    return f"tandem:executors:{model}"
+
+
+def executor(executor_id: str) -> str:
+    return EXECUTOR_PREFIX + executor_id
+
+
+def l2(executor_id: str) -> str:
+    return L2_PREFIX + executor_id
+
+
+def inflight(executor_id: str) -> str:
+    return INFLIGHT_PREFIX + executor_id
+
+
+def result(task_id: str) -> str:
+    return RESULT_PREFIX + task_id

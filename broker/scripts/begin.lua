@@ -1,0 +1,17 @@
+-- Start a batch: move all of L2 into in-flight, top up from L1, go WORKING.
+-- If nothing was taken before (ARGV[3] == 0) and nothing arrives, stay as is.
+-- KEYS: executor hash, L2, in-flight, changes, L1 keys of every priority
+-- ARGV: executor id, room (max_batch - taken), taken
+-- Returns the messages moved by this call.
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+local out = {}
+while true do
+  local m = redis.call('RPOPLPUSH', KEYS[2], KEYS[3])
+  if not m then break end
+  out[#out + 1] = m
+end
+claim_l1(5, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
+if #out == 0 and tonumber(ARGV[3]) == 0 then return out end
+redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
+change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
+return out

@@ -1,0 +1,11 @@
+-- Go IDLE, with full capacity, only if every L1 list of the model is empty.
+-- KEYS: executor hash, changes, L1 keys of every priority
+-- ARGV: executor id, max_batch
+-- Returns 1 when IDLE, 0 when L1 holds work.
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+for i = 3, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then return 0 end
+end
+redis.call('HSET', KEYS[1], 'state', 'IDLE', 'cap', ARGV[2])
+change(KEYS[2], KEYS[1], ARGV[1], 'IDLE')
+return 1

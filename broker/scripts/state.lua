@@ -1,0 +1,9 @@
+-- Record a state the scheduling does not depend on (WAITING, STOPPING).
+-- STOPPING also zeroes the capacity, so nothing more is routed here.
+-- KEYS: executor hash, changes
+-- ARGV: executor id, state
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+redis.call('HSET', KEYS[1], 'state', ARGV[2])
+if ARGV[2] == 'STOPPING' then redis.call('HSET', KEYS[1], 'cap', 0) end
+change(KEYS[2], KEYS[1], ARGV[1], ARGV[2])
+return 1

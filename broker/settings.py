@@ -1,0 +1,77 @@
+"""One frozen settings object per process: CLI flags, then TANDEM_* env vars, then defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every tunable of a tandem process. Units are in the names."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    #: Models this worker serves, each NAME:VERSION.
+    models: tuple[str, ...] = ("sim:1",)
+    #: Largest batch an executor computes.
+    max_batch: int = 32
+    #: Batch window, from the first task's arrival. 0 computes at once.
+    max_wait_ms: float = 0.0
+    #: How often an IDLE executor looks at L1 for tasks that plain Celery clients published.
+    poll_ms: float = 100.0
+    #: How often a worker refreshes its executors' heartbeats.
+    heartbeat_s: float = 1.0
+    #: How long after the last heartbeat an executor counts as dead.
+    heartbeat_ttl_s: float = 5.0
+    #: How often the coordinator looks for dead executors.
+    coordinator_interval_s: float = 0.5
+    #: How long results stay in Redis.
+    result_expires_s: int = 86400
+    #: Bound on each model's L1 length; 0 means unbounded.
+    max_queue: int = 0
+    #: Largest message an executor accepts.
+    max_message_bytes: int = 16 * 1024 * 1024
+    #: The sim model's cost: base_ms + per_item_ms * batch size.
+    sim_base_ms: float = 20.0
+    sim_per_item_ms: float = 0.5
+    #: Torch device: auto, cpu or cuda:N.
+    device: str = "auto"
+    #: Celery worker node name; defaults to tandem@<host>.
+    hostname: str = ""
+    loglevel: str = "INFO"
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _convert(raw: str, default: Any) -> Any:
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(default, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    return type(default)(raw)
+
+
+def load_settings(env: Mapping[str, str] | None = None, **flags: Any) -> Settings:
+    """Build Settings. A flag that is None falls back to TANDEM_<NAME>, then to the default."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for field in fields(Settings):
+        flag = flags.pop(field.name, None)
+        if flag is not None and flag != ():
+            values[field.name] = tuple(flag) if isinstance(field.default, tuple) else flag
+            continue
+        raw = env.get(f"TANDEM_{field.name.upper()}")
+        if raw is not None:
+            try:
+                values[field.name] = _convert(raw, field.default)
+            except ValueError as e:
+                raise ValueError(f"TANDEM_{field.name.upper()}={raw!r}: {e}") from e
+    if flags:
+        raise TypeError(f"unknown settings: {', '.join(sorted(flags))}")
+    return Settings(**values)

@@ -1,0 +1,61 @@
+"""`tandem status`: each executor, and each queue's depth."""
+
+from __future__ import annotations
+
+import redis
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from broker import keys
+from broker.table import Table
+
+
+def snapshot(client: redis.Redis) -> dict:
+    """Executors and queue depths as plain data."""
+    table = Table(client)
+    executors = table.executors()
+    models = table.models()
+    return {
+        "executors": [
+            {
+                "id": e.id,
+                "model": e.model,
+                "worker": e.worker,
+                "state": e.state,
+                "batches": e.batches,
+                "tasks": e.tasks,
+                "mean_batch": round(e.mean_batch, 2),
+                "l2": e.l2_depth,
+                "inflight": e.inflight_depth,
+            }
+            for e in executors
+        ],
+        "queues": [{"model": m, "queue": keys.l1(m), "l1": table.l1_depth(m)} for m in models],
+    }
+
+
+def render(client: redis.Redis, console: Console | None = None) -> dict:
+    console = console or Console()
+    data = snapshot(client)
+    executors = RichTable(title="executors")
+    for column in ("id", "model", "state", "batches", "tasks", "mean batch", "L2", "in-flight"):
+        executors.add_column(column)
+    for e in data["executors"]:
+        executors.add_row(
+            e["id"],
+            e["model"],
+            e["state"],
+            str(e["batches"]),
+            str(e["tasks"]),
+            str(e["mean_batch"]),
+            str(e["l2"]),
+            str(e["inflight"]),
+        )
+    queues = RichTable(title="first-level queues")
+    for column in ("model", "queue", "L1 depth"):
+        queues.add_column(column)
+    for q in data["queues"]:
+        queues.add_row(q["model"], q["queue"], str(q["l1"]))
+    console.print(executors)
+    console.print(queues)
+    return data

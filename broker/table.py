@@ -1,0 +1,246 @@
+"""The executor table: every executor's model, state, capacity and heartbeat, in Redis.
+
+All writes go through the atomic scripts in broker/scripts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from broker import keys
+from broker.errors import BrokerUnavailable, QueueFull, TandemError, UnknownModel
+from broker.scripts import Scripts
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        pass
+
+
+class State(StrEnum):
+    IDLE = "IDLE"
+    WAITING = "WAITING"
+    WORKING = "WORKING"
+    STOPPING = "STOPPING"
+
+
+class ExecutorGone(TandemError):
+    """The coordinator reclaimed this executor; it must register again."""
+
+
+@dataclass(frozen=True)
+class ExecutorInfo:
+    """One row of the executor table, with its queue depths."""
+
+    id: str
+    model: str
+    worker: str
+    state: str
+    cap: int
+    max_batch: int
+    expires_ms: int
+    batches: int
+    tasks: int
+    l2_depth: int
+    inflight_depth: int
+
+    @property
+    def mean_batch(self) -> float:
+        return self.tasks / self.batches if self.batches else 0.0
+
+
+def _gone(e: redis.ResponseError) -> bool:
+    return str(e).startswith("GONE")
+
+
+class Table:
+    """The executor table and the scripts that change it, bound to one Redis client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self.scripts = Scripts(client)
+
+    # Producers
+
+    def route(self, model: str, message: str, *, l1_key: str, max_queue: int = 0, client=None):
+        """Enqueue one message by the two-level rule. Returns the executor id, or None for L1."""
+        try:
+            chosen = self.scripts.route(
+                keys=[keys.executors(model), keys.MODELS, l1_key, *keys.l1_keys(model)],
+                args=[model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, max_queue],
+                client=client,
+            )
+        except redis.ResponseError as e:
+            raise convert_error(e) from e
+        except redis.ConnectionError as e:
+            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+        return chosen.decode() if chosen else None
+
+    # Executors
+
+    def register(
+        self,
+        executor_id: str,
+        model: str,
+        *,
+        worker: str,
+        max_batch: int,
+        ttl_ms: int,
+        max_wait_ms: float,
+        pid: int,
+    ) -> None:
+        self.scripts.register(
+            keys=[keys.executor(executor_id), keys.executors(model), keys.MODELS, keys.CHANGES],
+            args=[executor_id, model, worker, max_batch, ttl_ms, max_wait_ms, pid],
+        )
+
+    def heartbeat(self, executor_ids: Sequence[str], ttl_ms: int) -> list[str]:
+        """Refresh heartbeats; returns the ids that are no longer in the table."""
+        if not executor_ids:
+            return []
+        missing = self.scripts.heartbeat(
+            keys=[keys.executor(i) for i in executor_ids], args=[ttl_ms]
+        )
+        return [executor_ids[i - 1] for i in missing]
+
+    def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> list[bytes]:
+        """Start a batch: take all of L2 and top up from L1; go WORKING if anything is held."""
+        return self._call(
+            self.scripts.begin,
+            [
+                keys.executor(executor_id),
+                keys.l2(executor_id),
+                keys.inflight(executor_id),
+                keys.CHANGES,
+                *keys.l1_keys(model),
+            ],
+            [executor_id, room, taken],
+        )
+
+    def claim(self, executor_id: str, model: str, n: int) -> list[bytes]:
+        """Claim up to n tasks from L1 into in-flight, oldest and highest priority first."""
+        return self._call(
+            self.scripts.claim,
+            [keys.executor(executor_id), keys.inflight(executor_id), *keys.l1_keys(model)],
+            [n],
+        )
+
+    def go_idle(self, executor_id: str, model: str, max_batch: int) -> bool:
+        """Go IDLE only if L1 is empty, in one atomic step."""
+        return bool(
+            self._call(
+                self.scripts.idle,
+                [keys.executor(executor_id), keys.CHANGES, *keys.l1_keys(model)],
+                [executor_id, max_batch],
+            )
+        )
+
+    def set_state(self, executor_id: str, state: State) -> None:
+        self._call(
+            self.scripts.state,
+            [keys.executor(executor_id), keys.CHANGES],
+            [executor_id, state.value],
+        )
+
+    def complete(
+        self, executor_id: str, entries: Sequence[tuple[bytes, str, str]], result_expires_s: int
+    ) -> None:
+        """Store results and drop their tasks from in-flight. Entries: (raw, result key, JSON)."""
+        args: list = [result_expires_s]
+        for entry in entries:
+            args.extend(entry)
+        self.scripts.complete(
+            keys=[keys.inflight(executor_id), keys.executor(executor_id), keys.DEAD], args=args
+        )
+
+    def reclaim(self, executor_id: str, model: str, *, force: bool = False) -> int:
+        """Hand the executor's L2 and in-flight back to L1 and remove it; -1 if it is alive."""
+        return self.scripts.reclaim(
+            keys=[
+                keys.executor(executor_id),
+                keys.executors(model),
+                keys.l2(executor_id),
+                keys.inflight(executor_id),
+                keys.CHANGES,
+                *keys.l1_keys(model),
+            ],
+            args=[executor_id, "1" if force else "0"],
+        )
+
+    def _call(self, script, script_keys, args):
+        try:
+            return script(keys=script_keys, args=args)
+        except redis.ResponseError as e:
+            if _gone(e):
+                raise ExecutorGone(script_keys[0]) from e
+            raise
+
+    # Reading
+
+    def models(self) -> list[str]:
+        return sorted(m.decode() for m in self.redis.smembers(keys.MODELS))
+
+    def executor_ids(self, model: str) -> list[str]:
+        return sorted(i.decode() for i in self.redis.smembers(keys.executors(model)))
+
+    def executors(self, model: str | None = None) -> list[ExecutorInfo]:
+        models = [model] if model else self.models()
+        ids = [i for m in models for i in self.executor_ids(m)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hgetall(keys.executor(i))
+                pipe.llen(keys.l2(i))
+                pipe.llen(keys.inflight(i))
+            replies = pipe.execute()
+        rows = []
+        for n, executor_id in enumerate(ids):
+            h, l2_depth, inflight_depth = replies[3 * n : 3 * n + 3]
+            if h:
+                rows.append(_info(executor_id, h, l2_depth, inflight_depth))
+        return rows
+
+    def l1_depth(self, model: str) -> int:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys.l1_keys(model):
+                pipe.llen(key)
+            return sum(pipe.execute())
+
+
+def _info(executor_id: str, h: dict, l2_depth: int, inflight_depth: int) -> ExecutorInfo:
+    def get(name: str) -> str:
+        return h.get(name.encode(), b"").decode()
+
+    def num(name: str) -> int:
+        return int(float(get(name) or 0))
+
+    return ExecutorInfo(
+        id=executor_id,
+        model=get("model"),
+        worker=get("worker"),
+        state=get("state"),
+        cap=num("cap"),
+        max_batch=num("max_batch"),
+        expires_ms=num("expires_ms"),
+        batches=num("batches"),
+        tasks=num("tasks"),
+        l2_depth=l2_depth,
+        inflight_depth=inflight_depth,
+    )
+
+
+def convert_error(e: redis.ResponseError) -> Exception:
+    text = str(e)
+    if text.startswith("UNKNOWN_MODEL"):
+        return UnknownModel(
+            text.removeprefix("UNKNOWN_MODEL ") + "; start a worker with --model for it"
+        )
+    if text.startswith("QUEUE_FULL"):
+        return QueueFull(text.removeprefix("QUEUE_FULL "))
+    return e

@@ -1,0 +1,146 @@
+"""The producer client: one atomic route-and-enqueue per task, Celery results back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+from celery.result import AsyncResult
+
+from broker import keys, message
+from broker.errors import BadInput, BrokerUnavailable
+from broker.settings import Settings, load_settings
+from broker.table import Table, convert_error
+from workers.app import make_app
+
+
+class TandemResult(AsyncResult):
+    """A Celery AsyncResult that also says where the task was routed."""
+
+    def __init__(self, task_id: str, *, executor: str | None = None, **kwargs: Any) -> None:
+        super().__init__(task_id, **kwargs)
+        #: The executor whose L2 took the task, or None when it waits in L1.
+        self.executor = executor
+
+    @property
+    def route(self) -> str:
+        """'L2' or 'L1'."""
+        return "L2" if self.executor else "L1"
+
+    def __repr__(self) -> str:
+        return f"<TandemResult {self.id} route={self.route} executor={self.executor}>"
+
+
+class Client:
+    """Submit tasks to tandem. Thread-safe for submit; get() follows Celery's rules."""
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings(redis_url=redis_url)
+        self.redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=10)
+        self.table = Table(self.redis)
+        self.app = make_app(self.settings)
+        self.submitted = 0
+        self.to_l2 = 0
+
+    def __repr__(self) -> str:
+        return f"<Client submitted={self.submitted} to_l2={self.to_l2}>"
+
+    def submit(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        priority: int = 0,
+        deadline_s: float | None = None,
+        task_id: str | None = None,
+    ) -> TandemResult:
+        """Enqueue one task. Raises UnknownModel, QueueFull or BrokerUnavailable.
+
+        priority: 0 (served first) to 9, as kombu's Redis transport orders them.
+        deadline_s: seconds from now after which the task fails unrun.
+        """
+        task_id, envelope = self._encode(model, inputs, priority, deadline_s, task_id)
+        executor = self.table.route(
+            model,
+            envelope,
+            l1_key=keys.l1_for_priority(model, priority),
+            max_queue=self.settings.max_queue,
+        )
+        return self._result(task_id, executor)
+
+    def submit_many(
+        self,
+        model: str,
+        inputs: Iterable[Any],
+        *,
+        priority: int = 0,
+        deadline_s: float | None = None,
+    ) -> list[TandemResult]:
+        """Enqueue many tasks in one round trip, each routed by the same atomic rule.
+
+        If some are refused (QueueFull), the first error is raised after the others
+        were enqueued; the accepted ones are on the error as `.accepted`.
+        """
+        encoded = [self._encode(model, x, priority, deadline_s, None) for x in inputs]
+        l1_key = keys.l1_for_priority(model, priority)
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for _task_id, envelope in encoded:
+                    self.table.route(
+                        model,
+                        envelope,
+                        l1_key=l1_key,
+                        max_queue=self.settings.max_queue,
+                        client=pipe,
+                    )
+                replies = pipe.execute(raise_on_error=False)
+        except redis.ConnectionError as e:
+            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+        results, errors = [], []
+        for (task_id, _), reply in zip(encoded, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                errors.append(convert_error(reply))
+            else:
+                results.append(self._result(task_id, reply.decode() if reply else None))
+        if errors:
+            errors[0].accepted = results
+            raise errors[0]
+        return results
+
+    def close(self) -> None:
+        self.redis.close()
+        self.app.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _encode(
+        self, model: str, inputs: Any, priority: int, deadline_s: float | None, task_id: str | None
+    ) -> tuple[str, str]:
+        keys.parse_model(model)
+        if not 0 <= priority <= 9:
+            raise ValueError(f"priority must be 0-9, got {priority}")
+        expires = None
+        if deadline_s is not None:
+            expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
+        try:
+            return message.encode(
+                model,
+                inputs,
+                queue=keys.l1(model),
+                task_id=task_id,
+                priority=priority,
+                expires=expires,
+            )
+        except (TypeError, ValueError) as e:
+            raise BadInput(f"inputs must be JSON-serialisable: {e}") from e
+
+    def _result(self, task_id: str, executor: str | None) -> TandemResult:
+        self.submitted += 1
+        self.to_l2 += executor is not None
+        return TandemResult(task_id, executor=executor, app=self.app)

@@ -1,0 +1,59 @@
+"""`tandem demo`: a local stack under a low and a high Poisson rate, with a report."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from broker.settings import Settings
+from broker.stack import Stack
+from producers.client import Client
+from producers.load import ResultWatcher, poisson, summary
+
+PHASES = ((20.0, 5.0), (1000.0, 5.0))  # (rate per second, seconds)
+
+
+def run_demo(
+    settings: Settings,
+    *,
+    workers: int = 2,
+    embedded: bool = True,
+    phases=PHASES,
+    console: Console | None = None,
+) -> list[dict]:
+    console = console or Console()
+    model = settings.models[0]
+    console.print(f"starting Redis, a coordinator and {workers} workers serving {model} ...")
+    rows = []
+    with Stack(settings, workers=workers, embedded=embedded) as stack:
+        client = Client(settings=stack.settings)
+        watcher = ResultWatcher(client)
+        try:
+            for rate, seconds in phases:
+                console.print(f"Poisson load: {rate:g} tasks/s for {seconds:g}s ...")
+                rows.append(summary(poisson(client, watcher, model, rate, seconds)))
+        finally:
+            watcher.close()
+            client.close()
+    console.print(report_table(rows, model))
+    return rows
+
+
+def report_table(rows: list[dict], model: str) -> RichTable:
+    table = RichTable(title=f"tandem demo: {model}")
+    columns = [
+        "offered_rps",
+        "achieved_rps",
+        "sent",
+        "done",
+        "failed",
+        "p50_ms",
+        "p99_ms",
+        "l2_share",
+        "mean_batch",
+    ]
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in columns))
+    return table

@@ -1,0 +1,142 @@
+"""Open-loop Poisson load and its measurements: latency, route mix, batch size."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import keys
+from producers.client import Client
+
+
+class ResultWatcher:
+    """Records when each result is published, from Celery's result channels."""
+
+    def __init__(self, client: Client) -> None:
+        self.pubsub = client.redis.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe(keys.RESULT_PREFIX + "*")
+        self.arrived: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="result watcher", daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            msg = self.pubsub.get_message(timeout=0.1)
+            if msg is None:
+                continue
+            now = time.perf_counter()
+            task_id = msg["channel"].decode().removeprefix(keys.RESULT_PREFIX)
+            status = json.loads(msg["data"])["status"]
+            with self._lock:
+                self.arrived.setdefault(task_id, (now, status))
+                self._lock.notify_all()
+
+    def wait(self, task_ids: list[str], timeout_s: float) -> int:
+        """Wait until all task_ids arrived or the timeout passed. Returns how many arrived."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                done = sum(1 for t in task_ids if t in self.arrived)
+                left = deadline - time.monotonic()
+                if done == len(task_ids) or left <= 0:
+                    return done
+                self._lock.wait(left)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.pubsub.close()
+
+
+@dataclass
+class LoadReport:
+    rate: float
+    sent: int = 0
+    done: int = 0
+    failed: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    routes: Counter = field(default_factory=Counter)
+    mean_batch: float = 0.0
+    elapsed_s: float = 0.0
+
+    def percentile(self, p: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+    @property
+    def achieved_rps(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s else 0.0
+
+
+def batch_counters(client: Client, model: str) -> tuple[int, int]:
+    """(tasks, batches) summed over the model's live executors."""
+    rows = client.table.executors(model)
+    return sum(r.tasks for r in rows), sum(r.batches for r in rows)
+
+
+def poisson(
+    client: Client,
+    watcher: ResultWatcher,
+    model: str,
+    rate: float,
+    duration_s: float,
+    make_inputs=lambda n: [n],
+    seed: int = 0,
+    drain_s: float = 30.0,
+) -> LoadReport:
+    """Submit at Poisson arrivals of `rate` per second for duration_s, then wait for results."""
+    rng = random.Random(seed)
+    report = LoadReport(rate=rate)
+    tasks0, batches0 = batch_counters(client, model)
+    sent_at: dict[str, float] = {}
+    start = time.perf_counter()
+    next_at = start
+    while next_at - start < duration_s:
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)  # pacing the open-loop arrivals
+        t0 = time.perf_counter()
+        result = client.submit(model, make_inputs(len(sent_at)))
+        sent_at[result.id] = t0
+        report.routes[result.route] += 1
+        next_at += rng.expovariate(rate)
+    report.sent = len(sent_at)
+    watcher.wait(list(sent_at), drain_s)
+    last = start
+    for task_id, t0 in sent_at.items():
+        arrival = watcher.arrived.get(task_id)
+        if arrival is None:
+            continue
+        report.done += 1
+        report.failed += arrival[1] != "SUCCESS"
+        report.latencies_ms.append((arrival[0] - t0) * 1000)
+        last = max(last, arrival[0])
+    report.elapsed_s = last - start
+    tasks1, batches1 = batch_counters(client, model)
+    if batches1 > batches0:
+        report.mean_batch = (tasks1 - tasks0) / (batches1 - batches0)
+    return report
+
+
+def summary(report: LoadReport) -> dict[str, Any]:
+    l2 = report.routes["L2"]
+    return {
+        "offered_rps": report.rate,
+        "achieved_rps": round(report.achieved_rps, 1),
+        "sent": report.sent,
+        "done": report.done,
+        "failed": report.failed,
+        "p50_ms": round(report.percentile(50), 2),
+        "p99_ms": round(report.percentile(99), 2),
+        "l2_share": round(l2 / report.sent, 3) if report.sent else 0.0,
+        "mean_batch": round(report.mean_batch, 2),
+    }

@@ -1,0 +1,1 @@
+"""tandem's executors, running inside ordinary Celery worker processes."""

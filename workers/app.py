@@ -1,0 +1,42 @@
+"""The Celery app factory: one app per process, built from Settings."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from broker.errors import TandemError
+from broker.message import TASK_NAME
+from broker.settings import Settings
+
+#: The queue the worker's ordinary Celery consumer listens on. It never holds
+#: inference tasks; those live in L1 and L2, which only executors read.
+CONTROL_QUEUE = "tandem.ctl"
+
+
+def make_app(settings: Settings) -> Celery:
+    """A Celery app on settings.redis_url, as broker and result backend, JSON only."""
+    app = Celery(
+        "tandem", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False
+    )
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_default_queue=CONTROL_QUEUE,
+        result_expires=settings.result_expires_s,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        redis_backend_health_check_interval=10,
+    )
+    app.tandem_settings = settings
+
+    @app.task(name=TASK_NAME)
+    def infer(model: str, inputs: object) -> None:
+        raise TandemError(
+            f"{TASK_NAME} ran in Celery's ordinary pool: publish it to the queue "
+            "tandem.l1.NAME.VERSION, where tandem executors read it"
+        )
+
+    return app

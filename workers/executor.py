@@ -1,0 +1,262 @@
+"""One executor: one loaded model on one device, with the IDLE/WAITING/WORKING machine.
+
+Two batch slots: the executor thread claims and computes one batch while a
+returner thread stores the previous batch's results, so returning results
+never holds up the next compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+
+from broker import keys, message
+from broker.errors import ModelError, TandemError, UnknownModel
+from broker.settings import Settings
+from broker.table import ExecutorGone, State, Table
+from workers import results
+from workers.models import Model
+
+log = logging.getLogger("tandem.executor")
+
+
+@dataclass
+class Done:
+    """A computed batch, waiting in the return slot."""
+
+    tasks: list[message.Task]
+    outputs: dict[int, Any]
+
+
+class Executor:
+    def __init__(
+        self, model_ref: str, model: Model, *, table: Table, settings: Settings, worker: str
+    ) -> None:
+        self.model_ref = model_ref
+        self.model = model
+        self.table = table
+        self.settings = settings
+        self.worker = worker
+        self.id = f"{worker}/{model_ref}/{uuid.uuid4().hex[:6]}"
+        self.state = State.WORKING
+        self.batches = 0
+        self.tasks = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._slot: queue.Queue[Done | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
+        self._returner = threading.Thread(
+            target=self._return_loop, name=f"tandem return {self.id}", daemon=True
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<Executor {self.id} state={self.state} batches={self.batches} "
+            f"tasks={self.tasks} failed={self.failed}>"
+        )
+
+    @property
+    def max_batch(self) -> int:
+        return self.settings.max_batch
+
+    @property
+    def alive(self) -> bool:
+        """False once the executor thread has died; its heartbeat then stops."""
+        return self._thread.is_alive()
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model_ref,
+            "state": str(self.state),
+            "batches": self.batches,
+            "tasks": self.tasks,
+            "failed": self.failed,
+            "mean_batch": round(self.tasks / self.batches, 2) if self.batches else 0.0,
+        }
+
+    # Life cycle
+
+    def start(self) -> None:
+        self._register()
+        self._returner.start()
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish the batch in hand, return its results, hand L2 back to L1, deregister."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self._slot.put(None)
+        self._returner.join(timeout_s)
+        moved = self.table.reclaim(self.id, self.model_ref, force=True)
+        log.info("executor %s stopped; handed %d queued tasks back to L1", self.id, moved)
+
+    def _register(self) -> None:
+        s = self.settings
+        self.table.register(
+            self.id,
+            self.model_ref,
+            worker=self.worker,
+            max_batch=s.max_batch,
+            ttl_ms=int(s.heartbeat_ttl_s * 1000),
+            max_wait_ms=s.max_wait_ms,
+            pid=os.getpid(),
+        )
+        self.state = State.WORKING
+
+    # The executor thread
+
+    def _run(self) -> None:
+        held: list[bytes] = []
+        while not self._stop.is_set() or held:
+            try:
+                if held:
+                    self._compute(held)
+                    held = []
+                    if not self._stop.is_set():
+                        held = self._claim_or_idle()
+                else:
+                    held = self._wait_for_batch()
+            except ExecutorGone:
+                log.warning(
+                    "executor %s was reclaimed (missed heartbeats); registering again", self.id
+                )
+                held = []
+                self._retry(self._register)
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                log.warning("executor %s lost Redis (%s); retrying", self.id, e)
+                time.sleep(0.5)  # backoff before reconnecting, not synchronisation
+            except Exception:
+                # Unexpected: stop heartbeating so the coordinator hands the work on.
+                log.exception(
+                    "executor %s crashed; its tasks go back to L1 once it expires", self.id
+                )
+                raise
+
+    def _retry(self, step, *, stoppable: bool = True) -> None:
+        delay = 0.1
+        while not (stoppable and self._stop.is_set()):
+            try:
+                return step()
+            except (redis.ConnectionError, redis.TimeoutError) as e:
+                log.warning("executor %s: Redis unavailable (%s); retrying", self.id, e)
+                time.sleep(delay)  # backoff before reconnecting
+                delay = min(delay * 2, 2.0)
+
+    def _claim_or_idle(self) -> list[bytes]:
+        """After a compute: go IDLE if L1 is empty, else claim up to max_batch from it."""
+        while True:
+            if self.table.go_idle(self.id, self.model_ref, self.max_batch):
+                self.state = State.IDLE
+                return []
+            held = self.table.claim(self.id, self.model_ref, self.max_batch)
+            if held:
+                return held
+
+    def _wait_for_batch(self) -> list[bytes]:
+        """IDLE: block on L2; the first task opens the batch window (WAITING)."""
+        r = self.table.redis
+        l2, inflight = keys.l2(self.id), keys.inflight(self.id)
+        first = r.blmove(l2, inflight, self.settings.poll_ms / 1000, "RIGHT", "LEFT")
+        if first is None:
+            # Nothing routed; plain Celery publishers may have left work in L1.
+            return self._begin([])
+        taken = [first]
+        if self.settings.max_wait_ms > 0 and self.max_batch > 1:
+            self.table.set_state(self.id, State.WAITING)
+            self.state = State.WAITING
+            deadline = time.monotonic() + self.settings.max_wait_ms / 1000
+            while len(taken) < self.max_batch and not self._stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining < 0.001:
+                    break
+                item = r.blmove(l2, inflight, remaining, "RIGHT", "LEFT")
+                if item is None:
+                    break
+                taken.append(item)
+        return self._begin(taken)
+
+    def _begin(self, taken: list[bytes]) -> list[bytes]:
+        more = self.table.begin(
+            self.id, self.model_ref, room=self.max_batch - len(taken), taken=len(taken)
+        )
+        held = taken + more
+        if held:
+            self.state = State.WORKING
+        return held
+
+    def _compute(self, held: list[bytes]) -> None:
+        tasks = [message.decode(raw, max_bytes=self.settings.max_message_bytes) for raw in held]
+        now = datetime.now(timezone.utc)
+        ready: list[int] = []
+        inputs: list[Any] = []
+        for n, task in enumerate(tasks):
+            self._check(task, now)
+            if task.error is None:
+                ready.append(n)
+                inputs.append(task.inputs)
+        outputs: dict[int, Any] = {}
+        if ready:
+            for n, out in zip(ready, self._run_isolated(inputs), strict=True):
+                if isinstance(out, ModelError):
+                    tasks[n].error = out
+                else:
+                    outputs[n] = out
+        self._slot.put(Done(tasks, outputs))
+
+    def _check(self, task: message.Task, now: datetime) -> None:
+        if task.error is None and task.model != self.model_ref:
+            task.error = UnknownModel(
+                f"task asks for model {task.model!r} but queue serves {self.model_ref!r}"
+            )
+        task.check_deadline(now)
+        if task.error is None:
+            try:
+                task.inputs = self.model.validate(task.inputs)
+            except TandemError as e:
+                task.error = e
+
+    def _run_isolated(self, batch: list[Any]) -> list[Any]:
+        """Run one forward pass; if it raises, bisect so only the offending tasks fail."""
+        try:
+            outputs = self.model.run(batch)
+            if len(outputs) != len(batch):
+                raise ModelError(f"returned {len(outputs)} outputs for {len(batch)} inputs")
+        except Exception as e:  # noqa: BLE001 - any model failure is isolated, not fatal
+            if len(batch) == 1:
+                return [ModelError(f"model raised {type(e).__name__}: {e}")]
+            mid = len(batch) // 2
+            return self._run_isolated(batch[:mid]) + self._run_isolated(batch[mid:])
+        return outputs
+
+    # The returner thread
+
+    def _return_loop(self) -> None:
+        while (done := self._slot.get()) is not None:
+            entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+            self._retry(
+                lambda e=entries: self.table.complete(self.id, e, self.settings.result_expires_s),
+                stoppable=False,
+            )
+            self.batches += 1
+            self.tasks += len(done.tasks)
+
+    def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
+        if task.id is None:
+            self.failed += 1
+            log.warning("executor %s: %s; moved to %s", self.id, task.error, keys.DEAD)
+            return task.raw, "", ""
+        if task.error is not None:
+            self.failed += 1
+            log.info("task %s failed: %s: %s", task.id, type(task.error).__name__, task.error)
+            return task.raw, keys.result(task.id), results.failure(task.id, task.error)
+        return task.raw, keys.result(task.id), results.success(task.id, outputs[n])

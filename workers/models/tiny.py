@@ -1,0 +1,62 @@
+"""A tiny torch MLP with fixed, seeded weights: 8 floats in, 4 floats out.
+
+It exercises the real torch path on every commit: validate, collate, one
+forward pass under inference_mode, split.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from broker.errors import BadInput
+
+IN_FEATURES = 8
+OUT_FEATURES = 4
+SEED = 1234
+
+
+def pick_device(device: str) -> torch.device:
+    """'auto' picks CUDA when it is present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class TinyModel:
+    def __init__(self, device: str = "auto") -> None:
+        self.device = pick_device(device)
+        generator = torch.Generator().manual_seed(SEED)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(IN_FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, OUT_FEATURES)
+        )
+        with torch.no_grad():
+            for p in self.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+        self.net.eval().to(self.device)
+
+    def validate(self, inputs: Any) -> list[float]:
+        if not isinstance(inputs, list) or len(inputs) != IN_FEATURES:
+            raise BadInput(f"tiny expects a list of {IN_FEATURES} numbers, got {_describe(inputs)}")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in inputs):
+            raise BadInput("tiny expects numbers only")
+        if not all(math.isfinite(x) for x in inputs):
+            raise BadInput("tiny refuses NaN and infinite inputs")
+        return [float(x) for x in inputs]
+
+    def run(self, batch: list[list[float]]) -> list[list[float]]:
+        with torch.inference_mode():
+            x = torch.tensor(batch, dtype=torch.float32).to(self.device, non_blocking=True)
+            return self.net(x).cpu().tolist()
+
+    def reference(self, inputs: list[float]) -> list[float]:
+        """One item computed alone, for tests."""
+        return self.run([self.validate(inputs)])[0]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return type(value).__name__
