@@ -69,19 +69,34 @@ class Table:
 
     # Producers
 
-    def route(self, model: str, message: str, *, l1_key: str, max_queue: int = 0, client=None):
+    def route(self, model: str, message: str, *, l1_key: str, max_queue: int = 0) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1."""
         try:
-            chosen = self.scripts.route(
-                keys=[keys.executors(model), keys.MODELS, l1_key, *keys.l1_keys(model)],
-                args=[model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, max_queue],
-                client=client,
-            )
+            chosen = self.scripts.route(**self._route_call(model, message, l1_key, max_queue))
         except redis.ResponseError as e:
             raise convert_error(e) from e
         except redis.ConnectionError as e:
             raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
         return chosen.decode() if chosen else None
+
+    def route_in(
+        self,
+        pipe: redis.client.Pipeline,
+        model: str,
+        message: str,
+        *,
+        l1_key: str,
+        max_queue: int = 0,
+    ) -> None:
+        """Queue a route call on a pipeline; its reply is what route() would decode."""
+        self.scripts.route(**self._route_call(model, message, l1_key, max_queue), client=pipe)
+
+    @staticmethod
+    def _route_call(model: str, message: str, l1_key: str, max_queue: int) -> dict:
+        return {
+            "keys": [keys.executors(model), keys.MODELS, l1_key, *keys.l1_keys(model)],
+            "args": [model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, max_queue],
+        }
 
     # Executors
 

@@ -88,12 +88,8 @@ class Client:
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 for _task_id, envelope in encoded:
-                    self.table.route(
-                        model,
-                        envelope,
-                        l1_key=l1_key,
-                        max_queue=self.settings.max_queue,
-                        client=pipe,
+                    self.table.route_in(
+                        pipe, model, envelope, l1_key=l1_key, max_queue=self.settings.max_queue
                     )
                 replies = pipe.execute(raise_on_error=False)
         except redis.ConnectionError as e:
