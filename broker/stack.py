@@ -59,11 +59,11 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 30.0) -> int:
 def wait_for_executors(
     client: redis.Redis, count: int, timeout_s: float = 60.0, processes: list[subprocess.Popen] = ()
 ) -> None:
-    """Block until `count` executors are registered and not mid-start."""
+    """Block until `count` executors are registered and IDLE."""
     table = Table(client)
     deadline = time.monotonic() + timeout_s
     while True:
-        ready = [e for e in table.executors() if e.state in ("IDLE", "WAITING", "WORKING")]
+        ready = [e for e in table.executors() if e.state == "IDLE"]
         if len(ready) >= count:
             return
         dead = [p.args for p in processes if p.poll() is not None]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import redis
@@ -11,6 +10,7 @@ from celery import bootsteps
 
 from broker.table import Table
 from workers.executor import Executor
+from workers.heartbeat import Heartbeat
 from workers.models import load_builtin
 
 log = logging.getLogger("tandem.worker")
@@ -24,40 +24,34 @@ class Executors(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.executors: list[Executor] = []
-        self._stop = threading.Event()
-        self._heartbeat: threading.Thread | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def start(self, worker: Any) -> None:
         settings = worker.app.tandem_settings
-        client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
-        table = Table(client)
+        table = Table(redis.Redis.from_url(settings.redis_url, health_check_interval=10))
         for ref in settings.models:
-            model = load_builtin(ref, settings)
-            executor = Executor(ref, model, table=table, settings=settings, worker=worker.hostname)
+            executor = Executor(
+                ref,
+                load_builtin(ref, settings),
+                table=table,
+                settings=settings,
+                worker=worker.hostname,
+            )
             executor.start()
             self.executors.append(executor)
             log.info("executor %s serving %s", executor.id, ref)
-        self._heartbeat = threading.Thread(
-            target=self._beat, args=(table, settings), name="tandem heartbeat", daemon=True
-        )
-        self._heartbeat.start()
+        self.heartbeat = Heartbeat(
+            table, self.executors, interval_s=settings.heartbeat_s, ttl_s=settings.heartbeat_ttl_s
+        ).start()
 
     def stop(self, worker: Any) -> None:
         for executor in self.executors:
             executor.stop()
-        self._stop.set()
+        if self.heartbeat:
+            self.heartbeat.stop()
 
     def info(self, worker: Any) -> dict[str, Any]:
         return {"tandem": [executor.info() for executor in self.executors]}
-
-    def _beat(self, table: Table, settings: Any) -> None:
-        ttl_ms = int(settings.heartbeat_ttl_s * 1000)
-        while not self._stop.wait(settings.heartbeat_s):
-            live = [e.id for e in self.executors if e.alive]
-            try:
-                table.heartbeat(live, ttl_ms)
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                log.warning("heartbeat failed: %s", e)
 
 
 def run_worker(settings: Any) -> None:

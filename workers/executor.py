@@ -116,22 +116,22 @@ class Executor:
     # The executor thread
 
     def _run(self) -> None:
-        held: list[bytes] = []
+        held: list[bytes] | None = None  # None: after a compute or a (re)register
         while not self._stop.is_set() or held:
             try:
-                if held:
+                if held is None:
+                    held = self._claim_or_idle()
+                elif held:
                     self._compute(held)
-                    held = []
-                    if not self._stop.is_set():
-                        held = self._claim_or_idle()
+                    held = [] if self._stop.is_set() else None
                 else:
                     held = self._wait_for_batch()
             except ExecutorGone:
                 log.warning(
                     "executor %s was reclaimed (missed heartbeats); registering again", self.id
                 )
-                held = []
                 self._retry(self._register)
+                held = None
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 log.warning("executor %s lost Redis (%s); retrying", self.id, e)
                 time.sleep(0.5)  # backoff before reconnecting, not synchronisation
