@@ -1,0 +1,95 @@
+"""Test session: a real redis-server on a free port, real worker and coordinator processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import wait_until
+
+from broker.server import RedisServer
+from broker.settings import Settings, load_settings
+from broker.stack import spawn, stop_process
+from broker.table import Table
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(redis_server):
+    """A client on a freshly emptied database."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def settings(redis_server) -> Settings:
+    """Settings for the test Redis, with short heartbeats so dead executors expire fast."""
+    return load_settings(
+        env={},
+        redis_url=redis_server.url,
+        heartbeat_s=0.2,
+        heartbeat_ttl_s=1.5,
+        coordinator_interval_s=0.1,
+        loglevel="INFO",
+    )
+
+
+class Processes:
+    """Starts `tandem worker` and `tandem coordinator` processes; stops them all at teardown."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, logs: Path) -> None:
+        self.settings = settings
+        self.client = client
+        self.logs = logs
+        self.started: list[subprocess.Popen] = []
+
+    def worker(self, name: str = "w1", idle: bool = True, **overrides) -> subprocess.Popen:
+        """Start a worker; wait until its executors are registered (and IDLE if `idle`)."""
+        settings = self.settings.replace(hostname=f"{name}@test", **overrides)
+        process = spawn(["worker"], settings, self.logs / f"{name}.log")
+        self.started.append(process)
+        table = Table(self.client)
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"worker {name} exited:\n{self.log(name)}")
+            mine = [e for e in table.executors() if e.worker == settings.hostname]
+            return len(mine) == len(settings.models) and (
+                not idle or all(e.state == "IDLE" for e in mine)
+            )
+
+        wait_until(ready, 60, f"worker {name} to come up")
+        return process
+
+    def coordinator(self) -> subprocess.Popen:
+        process = spawn(["coordinator"], self.settings, self.logs / "coordinator.log")
+        self.started.append(process)
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text()
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+        for process in self.started:
+            stop_process(process)
+
+
+@pytest.fixture
+def processes(settings, r, tmp_path):
+    procs = Processes(settings, r, tmp_path / "logs")
+    yield procs
+    procs.stop_all()

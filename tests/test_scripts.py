@@ -1,0 +1,177 @@
+"""The atomic scripts, called directly on a real Redis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from broker import keys, message
+from broker.errors import QueueFull, UnknownModel
+from broker.table import ExecutorGone, State, Table
+
+MODEL = "m:1"
+
+
+@pytest.fixture
+def table(r) -> Table:
+    return Table(r)
+
+
+def register(table: Table, executor_id: str, max_batch: int = 4, ttl_ms: int = 60_000) -> None:
+    table.register(
+        executor_id, MODEL, worker="w", max_batch=max_batch, ttl_ms=ttl_ms, max_wait_ms=0, pid=1
+    )
+
+
+def idle(table: Table, executor_id: str, max_batch: int = 4) -> None:
+    assert table.go_idle(executor_id, MODEL, max_batch)
+
+
+def route(table: Table, n: int, priority: int = 0, max_queue: int = 0) -> tuple[str, str | None]:
+    task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
+    return task_id, table.route(
+        MODEL, envelope, l1_key=keys.l1_for_priority(MODEL, priority), max_queue=max_queue
+    )
+
+
+def ids_in(r, key: str) -> list[str]:
+    """Task ids in a list, in the order consumers pop them (right end first)."""
+    return [json.loads(m)["headers"]["id"] for m in reversed(r.lrange(key, 0, -1))]
+
+
+def test_unknown_model_is_refused_and_nothing_is_enqueued(table, r):
+    with pytest.raises(UnknownModel, match="no worker serves m:1"):
+        route(table, 0)
+    assert r.dbsize() == 0
+
+
+def test_route_fills_an_idle_executor_up_to_its_capacity_then_l1(table, r):
+    register(table, "a")
+    idle(table, "a")
+    routes = [route(table, n)[1] for n in range(6)]
+    assert routes == ["a"] * 4 + [None] * 2
+    assert r.llen(keys.l2("a")) == 4
+    assert r.hget(keys.executor("a"), "cap") == b"0"
+    assert table.l1_depth(MODEL) == 2
+
+
+def test_a_working_executor_gets_nothing(table, r):
+    register(table, "a")  # registers WORKING
+    assert route(table, 0)[1] is None
+    assert r.llen(keys.l2("a")) == 0
+
+
+def test_a_waiting_executor_is_preferred_over_an_idle_one(table):
+    for executor_id in ("a", "b"):
+        register(table, executor_id)
+        idle(table, executor_id)
+    first = route(table, 0)[1]
+    table.set_state(first, State.WAITING)
+    assert [route(table, n)[1] for n in range(3)] == [first] * 3
+
+
+def test_a_dead_executor_gets_nothing(table, r):
+    register(table, "a", ttl_ms=-1)
+    idle(table, "a")
+    assert route(table, 0)[1] is None
+
+
+def test_go_idle_refuses_while_l1_holds_work(table):
+    register(table, "a")
+    route(table, 0)
+    assert not table.go_idle("a", MODEL, 4)
+    assert len(table.claim("a", MODEL, 4)) == 1
+    assert table.go_idle("a", MODEL, 4)
+
+
+def test_claim_takes_oldest_first_and_higher_priority_first(table, r):
+    register(table, "a")
+    low = [route(table, n, priority=9)[0] for n in range(2)]
+    normal = [route(table, n)[0] for n in range(3)]
+    claimed = table.claim("a", MODEL, 4)
+    assert [json.loads(m)["headers"]["id"] for m in claimed] == normal + low[:1]
+    assert ids_in(r, keys.inflight("a")) == normal + low[:1]
+
+
+def test_begin_takes_l2_and_tops_up_from_l1(table, r):
+    register(table, "a")
+    idle(table, "a")
+    in_l2 = [route(table, n)[0] for n in range(2)]
+    table.set_state("a", State.WAITING)
+    # A plain Celery client publishes straight to L1.
+    r.lpush(keys.l1(MODEL), message.encode(MODEL, [9], queue=keys.l1(MODEL))[1])
+    held = table.begin("a", MODEL, room=4, taken=0)
+    assert [json.loads(m)["headers"]["id"] for m in held][:2] == in_l2
+    assert len(held) == 3
+    assert r.hget(keys.executor("a"), "state") == b"WORKING"
+    assert r.hget(keys.executor("a"), "cap") == b"0"
+
+
+def test_begin_with_nothing_held_or_queued_changes_nothing(table, r):
+    register(table, "a")
+    idle(table, "a")
+    assert table.begin("a", MODEL, room=4, taken=0) == []
+    assert r.hget(keys.executor("a"), "state") == b"IDLE"
+
+
+def test_queue_bound_raises_queue_full(table):
+    register(table, "a")
+    route(table, 0, max_queue=2)
+    route(table, 1, max_queue=2)
+    with pytest.raises(QueueFull, match="2 tasks waiting"):
+        route(table, 2, max_queue=2)
+
+
+def test_reclaim_spares_a_live_executor(table, r):
+    register(table, "a")
+    assert table.reclaim("a", MODEL) == -1
+    assert r.exists(keys.executor("a"))
+
+
+def test_reclaim_moves_inflight_and_l2_to_the_head_of_l1_in_order(table, r):
+    register(table, "a")
+    backlog = [route(table, n)[0] for n in range(2)]
+    table.claim("a", MODEL, 2)  # in-flight now
+    idle(table, "a")
+    in_l2 = [route(table, n)[0] for n in range(2)]
+    table.set_state("a", State.STOPPING)  # routes nothing more here
+    later = route(table, 9)[0]
+    assert ids_in(r, keys.l1(MODEL)) == [later]
+    r.hset(keys.executor("a"), "expires_ms", 0)
+    assert table.reclaim("a", MODEL) == 4
+    assert ids_in(r, keys.l1(MODEL)) == backlog + in_l2 + [later]
+    assert not r.exists(keys.executor("a"), keys.l2("a"), keys.inflight("a"))
+    assert table.executor_ids(MODEL) == []
+    with pytest.raises(ExecutorGone):
+        table.claim("a", MODEL, 1)
+
+
+def test_reclaim_keeps_each_task_at_its_priority(table, r):
+    register(table, "a")
+    urgent, _ = route(table, 0, priority=0)
+    low, _ = route(table, 1, priority=7)
+    table.claim("a", MODEL, 2)
+    assert table.reclaim("a", MODEL, force=True) == 2
+    assert ids_in(r, keys.l1(MODEL)) == [urgent]
+    assert ids_in(r, keys.l1_for_priority(MODEL, 7)) == [low]
+
+
+def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
+    register(table, "a")
+    task_id, _ = route(table, 0)
+    raw = table.claim("a", MODEL, 1)[0]
+    key = keys.result(task_id)
+    table.complete("a", [(raw, key, json.dumps({"status": "SUCCESS", "result": 1}))], 60)
+    table.complete("a", [(raw, key, json.dumps({"status": "FAILURE", "result": 2}))], 60)
+    assert json.loads(r.get(key)) == {"status": "SUCCESS", "result": 1}
+    assert 0 < r.ttl(key) <= 60
+    assert r.llen(keys.inflight("a")) == 0
+    assert r.hget(keys.executor("a"), "tasks") == b"2"
+
+
+def test_heartbeat_reports_reclaimed_executors(table, r):
+    register(table, "a")
+    register(table, "b")
+    r.delete(keys.executor("b"))
+    assert table.heartbeat(["a", "b"], 1000) == ["b"]
