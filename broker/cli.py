@@ -150,13 +150,24 @@ def up(workers, **flags) -> None:
 
 @main.command()
 @_stack_options
-def demo(workers, **flags) -> None:
+@click.option(
+    "--rates",
+    default="20,1000",
+    show_default=True,
+    help="Comma-separated Poisson rates, tasks per second.",
+)
+@click.option("--seconds", type=float, default=5.0, show_default=True, help="Seconds per rate.")
+def demo(workers, rates, seconds, **flags) -> None:
     """Bring up a local stack, run a low and a high Poisson load, print the figures."""
     from producers.demo import run_demo
 
+    try:
+        phases = [(float(rate), seconds) for rate in rates.split(",")]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--rates") from e
     settings = load_settings(**flags)
     _logging("WARNING")
-    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None)
+    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None, phases=phases)
 
 
 def run() -> None:

@@ -39,21 +39,23 @@ def run_demo(
     return rows
 
 
+COLUMNS = (
+    ("offered_rps", "offered/s"),
+    ("achieved_rps", "done/s"),
+    ("sent", "sent"),
+    ("failed", "failed"),
+    ("p50_ms", "p50 ms"),
+    ("p99_ms", "p99 ms"),
+    ("l2_share", "via L2"),
+    ("mean_batch", "mean batch"),
+)
+
+
 def report_table(rows: list[dict], model: str) -> RichTable:
     table = RichTable(title=f"tandem demo: {model}")
-    columns = [
-        "offered_rps",
-        "achieved_rps",
-        "sent",
-        "done",
-        "failed",
-        "p50_ms",
-        "p99_ms",
-        "l2_share",
-        "mean_batch",
-    ]
-    for column in columns:
-        table.add_column(column.replace("_", " "), justify="right")
+    for _, title in COLUMNS:
+        table.add_column(title, justify="right")
     for row in rows:
-        table.add_row(*(str(row[c]) for c in columns))
+        cells = [f"{row[key]:.0%}" if key == "l2_share" else str(row[key]) for key, _ in COLUMNS]
+        table.add_row(*cells)
     return table

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import wait_until
 
 from broker.server import RedisServer
 from broker.settings import Settings, load_settings
 from broker.stack import spawn, stop_process
 from broker.table import Table
+from helpers import wait_until
 
 
 @pytest.fixture(scope="session")

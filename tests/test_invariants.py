@@ -13,10 +13,10 @@ import threading
 import time
 
 import pytest
-from helpers import wait_until
 
 from broker import keys
 from broker.table import State, Table
+from helpers import wait_until
 from producers.client import Client
 from workers.executor import Executor
 from workers.heartbeat import Heartbeat

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 from celery import Celery
-from helpers import wait_until
 
 from broker import keys
 from broker.errors import BadInput, UnknownModel
 from broker.table import Table
+from helpers import wait_until
 from producers.client import Client
 from workers.models.tiny import TinyModel
 
