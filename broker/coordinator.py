@@ -78,7 +78,11 @@ class Coordinator:
 
     def relay(self, block_ms: int = 0) -> int:
         """Publish each new state change from the stream on the state channel, in order."""
-        last = self.redis.get(keys.RELAYED) or "$"
+        last = self.redis.get(keys.RELAYED)
+        if last is None:  # first run: relay from now on
+            newest = self.redis.xrevrange(keys.CHANGES, count=1)
+            last = newest[0][0] if newest else "0-0"
+            self.redis.set(keys.RELAYED, last)
         replies = self.redis.xread({keys.CHANGES: last}, count=1000, block=block_ms or None)
         if not replies:
             return 0
