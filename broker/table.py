@@ -94,7 +94,13 @@ class Table:
     @staticmethod
     def _route_call(model: str, message: str, l1_key: str, max_queue: int) -> dict:
         return {
-            "keys": [keys.executors(model), keys.MODELS, l1_key, *keys.l1_keys(model)],
+            "keys": [
+                keys.executors(model),
+                keys.MODELS,
+                l1_key,
+                *keys.l1_keys(model),
+                keys.CHANGES,
+            ],
             "args": [model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, max_queue],
         }
 

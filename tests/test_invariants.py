@@ -47,7 +47,7 @@ class Checker(threading.Thread):
             for key in keys.l1_keys(MODEL):
                 pipe.llen(key)
             for executor_id in self.ids:
-                pipe.hmget(keys.executor(executor_id), "state", "cap", "max_batch")
+                pipe.hmget(keys.executor(executor_id), "state", "cap", "max_batch", "max_wait_ms")
                 pipe.llen(keys.l2(executor_id))
             replies = pipe.execute()
         n = len(keys.l1_keys(MODEL))
@@ -56,13 +56,16 @@ class Checker(threading.Thread):
 
     def check(self, l1_depth: int, rows: list) -> None:
         self.snapshots += 1
-        for (state, cap, max_batch), l2_depth in rows:
+        for (state, cap, max_batch, max_wait_ms), l2_depth in rows:
             if state is None:
                 continue
             state, cap, max_batch = state.decode(), int(cap), int(max_batch)
             if l1_depth and state == State.IDLE and cap > 0:
                 self.lost_wakeups.append(f"L1={l1_depth} while IDLE cap={cap}")
-            if state == State.WORKING and l2_depth:
+            # Without a window, the one routed task makes its executor WORKING at once
+            # and sits in L2 until the executor pops it; nothing more may join it.
+            allowed = 1 if float(max_wait_ms) == 0 else 0
+            if state == State.WORKING and l2_depth > allowed:
                 self.l2_breaches.append(f"L2={l2_depth} while WORKING")
             if l2_depth + cap > max_batch:
                 self.l2_breaches.append(f"L2={l2_depth} + cap={cap} > {max_batch}")

@@ -18,9 +18,21 @@ def table(r) -> Table:
     return Table(r)
 
 
-def register(table: Table, executor_id: str, max_batch: int = 4, ttl_ms: int = 60_000) -> None:
+def register(
+    table: Table,
+    executor_id: str,
+    max_batch: int = 4,
+    ttl_ms: int = 60_000,
+    max_wait_ms: float = 5.0,
+) -> None:
     table.register(
-        executor_id, MODEL, worker="w", max_batch=max_batch, ttl_ms=ttl_ms, max_wait_ms=0, pid=1
+        executor_id,
+        MODEL,
+        worker="w",
+        max_batch=max_batch,
+        ttl_ms=ttl_ms,
+        max_wait_ms=max_wait_ms,
+        pid=1,
     )
 
 
@@ -54,6 +66,14 @@ def test_route_fills_an_idle_executor_up_to_its_capacity_then_l1(table, r):
     assert r.llen(keys.l2("a")) == 4
     assert r.hget(keys.executor("a"), "cap") == b"0"
     assert table.l1_depth(MODEL) == 2
+
+
+def test_without_a_batch_window_the_routed_task_makes_the_executor_working(table, r):
+    register(table, "a", max_wait_ms=0)
+    idle(table, "a")
+    assert [route(table, n)[1] for n in range(3)] == ["a", None, None]
+    assert r.hmget(keys.executor("a"), "state", "cap") == [b"WORKING", b"0"]
+    assert r.llen(keys.l2("a")) == 1
 
 
 def test_a_working_executor_gets_nothing(table, r):

@@ -171,7 +171,11 @@ class Executor:
             # Nothing routed; plain Celery publishers may have left work in L1.
             return self._begin([])
         taken = [first]
-        if self.settings.max_wait_ms > 0 and self.max_batch > 1:
+        if self.settings.max_wait_ms <= 0:
+            # The route script already made this executor WORKING.
+            self.state = State.WORKING
+            return taken
+        if self.max_batch > 1:
             self.table.set_state(self.id, State.WAITING)
             self.state = State.WAITING
             deadline = time.monotonic() + self.settings.max_wait_ms / 1000

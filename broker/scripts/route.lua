@@ -1,6 +1,8 @@
 -- Route one task: to the L2 of an IDLE or WAITING executor with free
--- capacity, else to the model's L1.
--- KEYS: executors set, models set, target L1 key, L1 keys of every priority
+-- capacity, else to the model's L1. An executor with no batch window
+-- (max_wait_ms 0) computes at once, so handing it a task makes it WORKING
+-- here, which saves the executor a round trip.
+-- KEYS: executors set, models set, target L1 key, L1 keys of every priority, changes
 -- ARGV: model, message, executor key prefix, L2 key prefix, max_queue (0 = none)
 -- Returns the executor id, or '' for L1.
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
@@ -24,14 +26,20 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   end
 end
 if best then
+  local hash = ARGV[3] .. best
   redis.call('LPUSH', ARGV[4] .. best, ARGV[2])
-  redis.call('HINCRBY', ARGV[3] .. best, 'cap', -1)
+  if tonumber(redis.call('HGET', hash, 'max_wait_ms')) == 0 then
+    redis.call('HSET', hash, 'state', 'WORKING', 'cap', 0)
+    change(KEYS[#KEYS], hash, best, 'WORKING')
+  else
+    redis.call('HINCRBY', hash, 'cap', -1)
+  end
   return best
 end
 local max_queue = tonumber(ARGV[5])
 if max_queue > 0 then
   local depth = 0
-  for i = 4, #KEYS do depth = depth + redis.call('LLEN', KEYS[i]) end
+  for i = 4, #KEYS - 1 do depth = depth + redis.call('LLEN', KEYS[i]) end
   if depth >= max_queue then
     return redis.error_reply('QUEUE_FULL ' .. ARGV[1] .. ' has ' .. depth .. ' tasks waiting')
   end
