@@ -44,7 +44,7 @@ def main() -> None:
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
 @click.option("--device", help="auto, cpu or cuda:N.")
-@click.option("--hostname", help="Celery node name (default tandem@<host>).")
+@click.option("--hostname", help="Celery node name (default celery@<host>).")
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def worker(**flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""

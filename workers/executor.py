@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from broker import keys, message
-from broker.errors import ModelError, TandemError, UnknownModel
+from broker.errors import BadInput, ModelError, TandemError, UnknownModel
 from broker.settings import Settings
 from broker.table import ExecutorGone, State, Table
 from workers import results
@@ -228,6 +228,8 @@ class Executor:
                 task.inputs = self.model.validate(task.inputs)
             except TandemError as e:
                 task.error = e
+            except Exception as e:  # noqa: BLE001 - a validator bug fails the task, not the executor
+                task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
 
     def _run_isolated(self, batch: list[Any]) -> list[Any]:
         """Run one forward pass; if it raises, bisect so only the offending tasks fail."""
