@@ -187,3 +187,12 @@ def test_a_plain_celery_client_works(processes, settings):
     )
     with pytest.raises(Exception, match="expired"):
         expired.get(timeout=10)
+
+
+def test_the_ordinary_celery_consumer_reads_neither_l1_nor_l2(processes, settings):
+    processes.worker("w1")
+    inspector = plain_celery(settings).control.inspect(destination=["w1@test"], timeout=5)
+    queues = wait_until(inspector.active_queues, 20, "the worker to answer")
+    assert [q["name"] for q in queues["w1@test"]] == ["tandem.ctl"]
+    stats = inspector.stats()["w1@test"]
+    assert stats["tandem"][0]["model"] == "sim:1"
