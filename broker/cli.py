@@ -38,6 +38,7 @@ def main() -> None:
 @main.command()
 @_redis_option
 @click.option("--model", "models", multiple=True, help="NAME:VERSION to serve; repeatable.")
+@click.option("--repository", help="Model repository folder (default: the shipped examples).")
 @click.option("--max-batch", type=int, help="Largest batch (default 32).")
 @click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
 @click.option("--heartbeat-ttl-s", type=float, help="Dead after this long without a heartbeat.")
@@ -118,6 +119,7 @@ def status(redis_url) -> None:
 def _stack_options(f):
     f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
     f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)
+    f = click.option("--repository", help="Model repository folder.")(f)
     f = click.option("--max-batch", type=int)(f)
     f = click.option("--max-wait-ms", type=float)(f)
     return _redis_option(f)

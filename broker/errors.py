@@ -29,3 +29,7 @@ class BrokerUnavailable(TandemError):
 
 class ModelError(TandemError):
     """The model raised while computing this task."""
+
+
+class ModelLoadError(TandemError):
+    """A model in the repository cannot be loaded; the message names the file."""

@@ -6,8 +6,8 @@ An L1 or L2 entry is the JSON envelope kombu writes::
      "content-encoding": "utf-8", "headers": {"task": "tandem.infer", "id": ..., ...},
      "properties": {"priority": 0, "body_encoding": "base64", "delivery_info": {...}, ...}}
 
-tandem reads only JSON bodies. Any other content type (pickle above all) is
-refused without being decoded.
+tandem reads JSON bodies and the binary tensor payload of broker/payload.py.
+Any other content type (pickle above all) is refused without being decoded.
 """
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import msgpack
+
+from broker import payload
 from broker.errors import BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"
+ACCEPTED = (JSON, payload.CONTENT_TYPE)
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
@@ -50,11 +54,18 @@ def encode(
     task_id: str | None = None,
     priority: int = 0,
     expires: datetime | None = None,
+    binary: bool = False,
 ) -> tuple[str, str]:
-    """Build the kombu envelope for a tandem.infer task. Returns (task id, envelope JSON)."""
+    """Build the kombu envelope for a tandem.infer task. Returns (task id, envelope JSON).
+
+    binary: pack the body with the tensor payload codec instead of JSON.
+    """
     task_id = task_id or str(uuid.uuid4())
-    kwargs = {"model": model, "inputs": inputs}
-    body = json.dumps([[], kwargs, _EMBED], separators=(",", ":"))
+    triple = [[], {"model": model, "inputs": inputs}, _EMBED]
+    if binary:
+        body = payload.dumps(triple)
+    else:
+        body = json.dumps(triple, separators=(",", ":"), allow_nan=False).encode()
     headers = {
         "lang": "py",
         "task": TASK_NAME,
@@ -74,9 +85,9 @@ def encode(
         "ignore_result": False,
     }
     envelope = {
-        "body": base64.b64encode(body.encode()).decode(),
-        "content-encoding": "utf-8",
-        "content-type": JSON,
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "binary" if binary else "utf-8",
+        "content-type": payload.CONTENT_TYPE if binary else JSON,
         "headers": headers,
         "properties": {
             "correlation_id": task_id,
@@ -114,16 +125,19 @@ def _decode_body(task: Task, envelope: dict, headers: dict, max_bytes: int) -> N
     if headers.get("task") != TASK_NAME:
         raise BadInput(f"unknown task name {headers.get('task')!r}; tandem runs {TASK_NAME}")
     content_type = envelope.get("content-type")
-    if content_type != JSON:
-        raise BadInput(f"content type {content_type!r} refused; tandem accepts {JSON} only")
+    if content_type not in ACCEPTED:
+        raise BadInput(
+            f"content type {content_type!r} refused; tandem accepts {' and '.join(ACCEPTED)}"
+        )
     try:
         body = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
-        args, kwargs, _embed = json.loads(body)
+        loads = json.loads if content_type == JSON else payload.loads
+        args, kwargs, _embed = loads(body)
         task.model = kwargs["model"]
         task.inputs = kwargs["inputs"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
         raise BadInput(f"malformed body: expected [[], {{model, inputs}}, embed] ({e})") from e
     if args:
         raise BadInput("tandem.infer takes keyword arguments model and inputs, not positional ones")

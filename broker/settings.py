@@ -39,7 +39,9 @@ class Settings:
     #: The sim model's cost: base_ms + per_item_ms * batch size.
     sim_base_ms: float = 20.0
     sim_per_item_ms: float = 0.5
-    #: Torch device: auto, cpu or cuda:N.
+    #: Model repository folder; empty means the examples shipped with tandem.
+    repository: str = ""
+    #: Torch device: auto, cpu or cuda:N. A repository model's config may name its own.
     device: str = "auto"
     #: Celery worker node name; defaults to tandem@<host>.
     hostname: str = ""

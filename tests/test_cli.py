@@ -56,7 +56,7 @@ def test_status_shows_executors_and_queues(processes, settings):
 def test_a_worker_refuses_an_unknown_model(settings):
     done = tandem("worker", "--model", "resnet:1", redis_url=settings.redis_url)
     assert done.returncode == 1
-    assert "no built-in model 'resnet'" in done.stderr
+    assert "no model 'resnet': not built in (sim, tiny) and not in" in done.stderr
 
 
 def test_up_runs_a_local_stack_until_ctrl_c(tmp_path):

@@ -8,16 +8,17 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from broker.settings import Settings
 from broker.table import Table
 from workers.executor import Executor
 from workers.heartbeat import Heartbeat
-from workers.models import load_builtin
+from workers.models import Model, load_model
 
 log = logging.getLogger("tandem.worker")
 
 
 class Executors(bootsteps.StartStopStep):
-    """Starts one executor per --model, heartbeats them, and stops them gracefully."""
+    """Starts one executor per loaded model, heartbeats them, and stops them gracefully."""
 
     label = "tandem executors"
 
@@ -27,19 +28,19 @@ class Executors(bootsteps.StartStopStep):
         self.heartbeat: Heartbeat | None = None
 
     def start(self, worker: Any) -> None:
-        settings = worker.app.tandem_settings
+        settings: Settings = worker.app.tandem_settings
         table = Table(redis.Redis.from_url(settings.redis_url, health_check_interval=10))
-        for ref in settings.models:
-            executor = Executor(
-                ref,
-                load_builtin(ref, settings),
-                table=table,
-                settings=settings,
-                worker=worker.hostname,
-            )
+        for ref, model in worker.app.tandem_models.items():
+            executor = Executor(ref, model, table=table, settings=settings, worker=worker.hostname)
             executor.start()
             self.executors.append(executor)
-            log.info("executor %s serving %s", executor.id, ref)
+            log.info(
+                "executor %s serving %s (max batch %d, window %g ms)",
+                executor.id,
+                ref,
+                executor.max_batch,
+                executor.max_wait_ms,
+            )
         self.heartbeat = Heartbeat(
             table, self.executors, interval_s=settings.heartbeat_s, ttl_s=settings.heartbeat_ttl_s
         ).start()
@@ -54,20 +55,23 @@ class Executors(bootsteps.StartStopStep):
         return {"tandem": [executor.info() for executor in self.executors]}
 
 
-def run_worker(settings: Any) -> None:
-    """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
-    from broker.errors import UnknownModel
-    from broker.keys import parse_model
-    from workers.app import CONTROL_QUEUE, make_app
-    from workers.models import BUILTIN
+def load_models(settings: Settings) -> dict[str, Model]:
+    """Load every model before the worker starts, so a bad one stops it with a clear error."""
+    models: dict[str, Model] = {}
+    for requested in settings.models:
+        ref, model = load_model(requested, settings)
+        models[ref] = model
+        log.info("loaded %s as %s: %r", requested, ref, model)
+    return models
 
-    for ref in settings.models:
-        name, _ = parse_model(ref)
-        if name not in BUILTIN:
-            raise UnknownModel(
-                f"no built-in model {name!r}; built-in models are {', '.join(BUILTIN)}"
-            )
+
+def run_worker(settings: Settings) -> None:
+    """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
+    from workers.app import CONTROL_QUEUE, make_app
+
+    models = load_models(settings)
     app = make_app(settings)
+    app.tandem_models = models
     app.steps["worker"].add(Executors)
     argv = [
         "worker",

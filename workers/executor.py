@@ -24,7 +24,7 @@ from broker.errors import BadInput, ModelError, TandemError, UnknownModel
 from broker.settings import Settings
 from broker.table import ExecutorGone, State, Table
 from workers import results
-from workers.models import Model
+from workers.models import Model, batching
 
 log = logging.getLogger("tandem.executor")
 
@@ -43,6 +43,7 @@ class Executor:
     ) -> None:
         self.model_ref = model_ref
         self.model = model
+        self.max_batch, self.max_wait_ms = batching(model, settings)
         self.table = table
         self.settings = settings
         self.worker = worker
@@ -63,10 +64,6 @@ class Executor:
             f"<Executor {self.id} state={self.state} batches={self.batches} "
             f"tasks={self.tasks} failed={self.failed}>"
         )
-
-    @property
-    def max_batch(self) -> int:
-        return self.settings.max_batch
 
     @property
     def alive(self) -> bool:
@@ -106,9 +103,9 @@ class Executor:
             self.id,
             self.model_ref,
             worker=self.worker,
-            max_batch=s.max_batch,
+            max_batch=self.max_batch,
             ttl_ms=int(s.heartbeat_ttl_s * 1000),
-            max_wait_ms=s.max_wait_ms,
+            max_wait_ms=self.max_wait_ms,
             pid=os.getpid(),
         )
         self.state = State.WORKING
@@ -171,14 +168,14 @@ class Executor:
             # Nothing routed; plain Celery publishers may have left work in L1.
             return self._begin([])
         taken = [first]
-        if self.settings.max_wait_ms <= 0:
+        if self.max_wait_ms <= 0:
             # The route script already made this executor WORKING.
             self.state = State.WORKING
             return taken
         if self.max_batch > 1:
             self.table.set_state(self.id, State.WAITING)
             self.state = State.WAITING
-            deadline = time.monotonic() + self.settings.max_wait_ms / 1000
+            deadline = time.monotonic() + self.max_wait_ms / 1000
             while len(taken) < self.max_batch and not self._stop.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining < 0.001:

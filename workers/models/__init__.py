@@ -19,18 +19,43 @@ class Model(Protocol):
         """Compute a batch in one pass; return one JSON-ready output per input, in order."""
 
 
+#: A model may carry its own batching (repository models do); else the worker's settings apply.
+def batching(model: Model, settings: Settings) -> tuple[int, float]:
+    """(max_batch, max_wait_ms) for an executor of this model."""
+    return (
+        getattr(model, "max_batch_size", None) or settings.max_batch,
+        getattr(model, "max_wait_ms", settings.max_wait_ms),
+    )
+
+
 BUILTIN = ("sim", "tiny")
 
 
-def load_builtin(model: str, settings: Settings) -> Model:
-    """Load a built-in model by its NAME:VERSION; any version label is accepted."""
-    name, _version = parse_model(model)
+def load_model(model: str, settings: Settings) -> tuple[str, Model]:
+    """Load a built-in or a repository model. Returns the concrete NAME:VERSION and the model.
+
+    Raises UnknownModel, or ModelLoadError naming the file that is wrong.
+    """
+    name, version = parse_model(model)
+    if name in BUILTIN:
+        return model, _builtin(name, settings)
+    from workers.models.repository import Repository
+
+    repository = Repository(settings.repository or None)
+    if not (repository.root / name).is_dir():
+        raise UnknownModel(
+            f"no model {name!r}: not built in ({', '.join(BUILTIN)}) and not in {repository.root}"
+        )
+    ref = repository.resolve(model)
+    device = settings.device if settings.device != "auto" else None
+    return ref, repository.load(ref, device=device)
+
+
+def _builtin(name: str, settings: Settings) -> Model:
     if name == "sim":
         from workers.models.sim import SimModel
 
         return SimModel(base_ms=settings.sim_base_ms, per_item_ms=settings.sim_per_item_ms)
-    if name == "tiny":
-        from workers.models.tiny import TinyModel
+    from workers.models.tiny import TinyModel
 
-        return TinyModel(device=settings.device)
-    raise UnknownModel(f"no built-in model {name!r}; built-in models are {', '.join(BUILTIN)}")
+    return TinyModel(device=settings.device)

@@ -12,17 +12,11 @@ from typing import Any
 import torch
 
 from broker.errors import BadInput
+from workers.models.repository import pick_device
 
 IN_FEATURES = 8
 OUT_FEATURES = 4
 SEED = 1234
-
-
-def pick_device(device: str) -> torch.device:
-    """'auto' picks CUDA when it is present, else the CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class TinyModel:

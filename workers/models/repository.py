@@ -1,0 +1,158 @@
+"""The model repository: NAME/VERSION/config.json plus one artifact per version.
+
+Models load only from the configured repository folder (or the one shipped
+with tandem); a task can never name a file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from broker.errors import ModelLoadError
+from workers.models.collate import Batch, Collator, Item
+from workers.models.spec import ModelConfig, load_config
+
+log = logging.getLogger("tandem.models")
+
+#: The example repository shipped inside the package.
+SHIPPED = Path(__file__).resolve().parent.parent / "repository"
+
+
+def pick_device(device: str) -> torch.device:
+    """'auto' picks CUDA when it is present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def version_key(version: str) -> tuple:
+    """Numeric versions sort as numbers, and above any named version."""
+    return (1, int(version), "") if version.isdigit() else (0, 0, version)
+
+
+class Repository:
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root else SHIPPED
+
+    def __repr__(self) -> str:
+        return f"<Repository {self.root}>"
+
+    def configs(self) -> list[Path]:
+        return sorted(self.root.glob("*/*/config.json"))
+
+    def versions(self, name: str) -> list[str]:
+        found = [p.parent.name for p in (self.root / name).glob("*/config.json")]
+        return sorted(found, key=version_key)
+
+    def resolve(self, ref: str) -> str:
+        """NAME:VERSION as given, or with `latest` replaced by the highest version here."""
+        name, _, version = ref.partition(":")
+        if version != "latest":
+            return ref
+        versions = self.versions(name)
+        if not versions:
+            raise ModelLoadError(f"{self.root / name}: no versions of {name!r}")
+        return f"{name}:{versions[-1]}"
+
+    def config(self, ref: str) -> ModelConfig:
+        name, _, version = self.resolve(ref).partition(":")
+        return load_config(self.root / name / version / "config.json")
+
+    def load(self, ref: str, device: str | None = None) -> RepoModel:
+        config = self.config(ref)
+        return RepoModel(config, device=device or config.device)
+
+
+class RepoModel:
+    """A repository model, as an executor sees it: validate one task, run a batch."""
+
+    def __init__(self, config: ModelConfig, device: str = "auto") -> None:
+        self.config = config
+        self.device = pick_device(device)
+        self.collator = Collator(config)
+        self.module = _load_module(config, self.device)
+        self.max_batch_size = config.max_batch_size
+        self.max_wait_ms = config.max_wait_ms
+        self._warm_up()
+
+    def __repr__(self) -> str:
+        return f"<RepoModel {self.config.ref} {self.config.artifact.kind} on {self.device}>"
+
+    def validate(self, inputs: Any) -> Item:
+        return self.collator.validate(inputs)
+
+    def run(self, batch: list[Item]) -> list[Any]:
+        collated = self.collator.collate(batch)
+        with torch.inference_mode():
+            outputs = self.module(*self._to_device(collated))
+        return self.collator.split(outputs, collated, len(batch))
+
+    def _to_device(self, batch: Batch) -> list[torch.Tensor]:
+        args = []
+        for tensor in batch.args:
+            if self.config.half and tensor.is_floating_point():
+                tensor = tensor.half()
+            if self.device.type == "cuda":
+                tensor = tensor.pin_memory().to(self.device, non_blocking=True)
+            args.append(tensor)
+        return args
+
+    def _warm_up(self) -> None:
+        try:
+            self.run([self.collator.example()])
+        except Exception as e:
+            raise ModelLoadError(
+                f"{self.config.directory}: warm-up forward pass failed: {type(e).__name__}: {e}"
+            ) from e
+
+
+def _load_module(config: ModelConfig, device: torch.device) -> torch.nn.Module:
+    artifact = config.artifact
+    where = artifact.path or artifact.weights or config.directory / "config.json"
+    try:
+        if artifact.kind == "torchscript":
+            module = torch.jit.load(str(artifact.path), map_location=device)
+        elif artifact.kind == "export":
+            module = torch.export.load(str(artifact.path)).module()
+        else:
+            module = _from_factory(config)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(
+            f"{where}: cannot load {artifact.describe()}: {type(e).__name__}: {e}"
+        ) from e
+    if hasattr(module, "eval") and artifact.kind != "export":
+        module.eval()
+    module = module.to(device)
+    return module.half() if config.half else module
+
+
+def _from_factory(config: ModelConfig) -> torch.nn.Module:
+    artifact = config.artifact
+    module_name, _, function = artifact.factory.partition(":")
+    try:
+        build = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as e:
+        raise ModelLoadError(
+            f"{config.directory / 'config.json'}: factory {artifact.factory!r} not found: {e}"
+        ) from e
+    module = build(config)
+    if artifact.weights:
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(artifact.weights))
+        except Exception as e:
+            raise ModelLoadError(f"{artifact.weights}: not a safetensors file: {e}") from e
+        result = module.load_state_dict(state, strict=False)
+        if result.missing_keys:
+            raise ModelLoadError(f"{artifact.weights}: no weights for {result.missing_keys}")
+        if result.unexpected_keys:
+            log.info("%s: ignored weights %s", artifact.weights, result.unexpected_keys)
+    return module
