@@ -116,6 +116,32 @@ def status(redis_url) -> None:
     render(redis.Redis.from_url(settings.redis_url))
 
 
+@main.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.option("--device", help="Load on this device instead of each config's own.")
+def models(directory, device) -> None:
+    """List and check the models of a repository (default: the shipped examples)."""
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    from workers.models.repository import Repository, check
+
+    repository = Repository(directory)
+    rows = check(repository, device)
+    table = RichTable(title=f"models in {repository.root}")
+    for column in ("model", "artifact", "inputs", "outputs", "batch", "status"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            *(row[c] for c in ("model", "artifact", "inputs", "outputs", "batch", "status"))
+        )
+    Console(width=160).print(table)
+    if not rows:
+        raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
+    if any(row["status"] != "ok" for row in rows):
+        sys.exit(1)
+
+
 def _stack_options(f):
     f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
     f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)

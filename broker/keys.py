@@ -81,3 +81,8 @@ def inflight(executor_id: str) -> str:
 
 def result(task_id: str) -> str:
     return RESULT_PREFIX + task_id
+
+
+def version_key(version: str) -> tuple:
+    """Numeric versions sort as numbers, and above any named version."""
+    return (1, int(version), "") if version.isdigit() else (0, 0, version)

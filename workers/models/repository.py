@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from broker.errors import ModelLoadError
+from broker.keys import version_key
 from workers.models.collate import Batch, Collator, Item
 from workers.models.spec import ModelConfig, load_config
 
@@ -28,11 +29,6 @@ def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def version_key(version: str) -> tuple:
-    """Numeric versions sort as numbers, and above any named version."""
-    return (1, int(version), "") if version.isdigit() else (0, 0, version)
 
 
 class Repository:
@@ -156,3 +152,33 @@ def _from_factory(config: ModelConfig) -> torch.nn.Module:
         if result.unexpected_keys:
             log.info("%s: ignored weights %s", artifact.weights, result.unexpected_keys)
     return module
+
+
+def check(repository: Repository, device: str | None = None) -> list[dict[str, Any]]:
+    """Load every model version in the repository; one row each, with the error if any."""
+    rows = []
+    for path in repository.configs():
+        ref = f"{path.parent.parent.name}:{path.parent.name}"
+        row: dict[str, Any] = {
+            "model": ref,
+            "artifact": "",
+            "inputs": "",
+            "outputs": "",
+            "batch": "",
+            "status": "ok",
+        }
+        try:
+            config = load_config(path)
+            row.update(
+                artifact=config.artifact.describe(),
+                inputs="; ".join(s.describe() for s in config.inputs),
+                outputs="; ".join(s.describe() for s in config.outputs),
+                batch=f"{config.max_batch_size} / {config.max_wait_ms:g} ms",
+            )
+            RepoModel(config, device=device or config.device)
+        except ModelLoadError as e:
+            row["status"] = f"error: {e}"
+        except ImportError as e:
+            row["status"] = f"error: {path}: needs a package that is not installed: {e}"
+        rows.append(row)
+    return rows
