@@ -9,6 +9,7 @@ from broker.settings import Settings
 from broker.stack import Stack
 from producers.client import Client
 from producers.load import ResultWatcher, poisson, summary
+from producers.samples import sampler
 
 PHASES = ((20.0, 5.0), (1000.0, 5.0))  # (rate per second, seconds)
 
@@ -23,15 +24,21 @@ def run_demo(
 ) -> list[dict]:
     console = console or Console()
     model = settings.models[0]
+    if model.endswith(":latest"):
+        from workers.models.repository import Repository
+
+        model = Repository(settings.repository or None).resolve(model)
     console.print(f"starting Redis, a coordinator and {workers} workers serving {model} ...")
     rows = []
     with Stack(settings, workers=workers, embedded=embedded) as stack:
         client = Client(settings=stack.settings)
         watcher = ResultWatcher(client)
         try:
+            make_inputs = sampler(model, settings.repository)
             for rate, seconds in phases:
                 console.print(f"Poisson load: {rate:g} tasks/s for {seconds:g}s ...")
-                rows.append(summary(poisson(client, watcher, model, rate, seconds)))
+                report = poisson(client, watcher, model, rate, seconds, make_inputs=make_inputs)
+                rows.append(summary(report))
         finally:
             watcher.close()
             client.close()

@@ -175,16 +175,24 @@ class Executor:
         if self.max_batch > 1:
             self.table.set_state(self.id, State.WAITING)
             self.state = State.WAITING
-            deadline = time.monotonic() + self.max_wait_ms / 1000
-            while len(taken) < self.max_batch and not self._stop.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining < 0.001:
-                    break
-                item = r.blmove(l2, inflight, remaining, "RIGHT", "LEFT")
-                if item is None:
-                    break
-                taken.append(item)
+            self._hold_window(time.monotonic() + self.max_wait_ms / 1000)
         return self._begin(taken)
+
+    def _hold_window(self, deadline: float) -> None:
+        """WAITING: let L2 fill until the window closes or the batch is full (no capacity).
+
+        Tasks stay in L2 meanwhile, which is as durable as in-flight; begin() takes them.
+        Redis checks blocking timeouts only about every 100 ms, too coarse for a window
+        of a few ms, so the window is kept here, looking at the capacity every ms.
+        """
+        key = keys.executor(self.id)
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            time.sleep(min(remaining, 0.001))  # the batch window itself
+            if int(self.table.redis.hget(key, "cap") or 0) <= 0:
+                return
 
     def _begin(self, taken: list[bytes]) -> list[bytes]:
         more = self.table.begin(
