@@ -316,3 +316,51 @@ def test_loading_errors_name_the_file(tmp_path, config, files, error, monkeypatc
     assert str(folder) in str(info.value)
     (row,) = check(Repository(tmp_path))
     assert row["status"].startswith("error:") and error in row["status"]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "expected"),
+    [
+        ("float64", [0.1, 2], torch.tensor([0.1, 2.0], dtype=torch.float64)),
+        ("float32", [1, 2], torch.tensor([1.0, 2.0])),
+        ("int32", [1, -2], torch.tensor([1, -2], dtype=torch.int32)),
+        ("uint8", [255, 0], torch.tensor([255, 0], dtype=torch.uint8)),
+        ("bool", [True, False], torch.tensor([True, False])),
+    ],
+)
+def test_json_inputs_convert_without_loss(tmp_path, dtype, value, expected):
+    from workers.models.collate import Collator
+
+    config = _spec_config(tmp_path, dtype)
+    got = Collator(config).validate(value)["x"]
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "error"),
+    [
+        ("int64", [1.5, 2.0], "dtype float32, expected int64"),
+        ("uint8", [256, 0], "values out of range for uint8"),
+        ("float32", [True, False], "dtype bool, expected float32"),
+        ("float32", [[1.0], [2.0, 3.0]], "not a rectangular array"),
+        ("float32", "12", "got str"),
+    ],
+)
+def test_json_inputs_that_would_lose_meaning_are_refused(tmp_path, dtype, value, error):
+    from workers.models.collate import Collator
+
+    with pytest.raises(BadInput, match=re.escape(error)):
+        Collator(_spec_config(tmp_path, dtype)).validate(value)
+
+
+def _spec_config(tmp_path, dtype):
+    folder = write_model(
+        tmp_path,
+        f"t{dtype}:1",
+        {
+            "inputs": [{"name": "x", "dtype": dtype, "shape": [2]}],
+            "outputs": [{"name": "y", "dtype": "float32", "shape": [1]}],
+            "artifact": {"factory": "model_factories:linear"},
+        },
+    )
+    return load_config(folder / "config.json")

@@ -1,7 +1,8 @@
 """Validate one task's inputs against the spec, batch them with padding, split outputs.
 
 Policy: JSON numbers are converted to the input's dtype when that loses
-nothing (ints to floats); binary tensors must carry the exact dtype. NaN and
+nothing (ints to floats, ints within range to a smaller int type); floats for
+an integer input are refused. Binary tensors must carry the exact dtype. NaN and
 infinite values are refused. Variable dimensions must be 1..max_length long.
 """
 
@@ -146,12 +147,16 @@ def _from_json(spec: TensorSpec, value: Any) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as e:
         raise BadInput(f"input {spec.name}: not a rectangular array of numbers ({e})") from e
     target = getattr(torch, spec.dtype)
-    if tensor.dtype == target:
-        return tensor
-    lossless = target.is_floating_point and not tensor.dtype.is_floating_point
-    if lossless and tensor.dtype != torch.bool:
-        return tensor.to(target)
-    return tensor  # the caller reports the dtype mismatch
+    if tensor.dtype == target or tensor.dtype == torch.bool or target == torch.bool:
+        return tensor  # equal, or a mismatch the caller reports
+    if target.is_floating_point:
+        return torch.tensor(value, dtype=target)  # parsed again, at full precision
+    if tensor.dtype.is_floating_point:
+        return tensor  # floats for an integer input: the caller reports the mismatch
+    info = torch.iinfo(target)
+    if tensor.numel() and (tensor.min() < info.min or tensor.max() > info.max):
+        raise BadInput(f"input {spec.name}: values out of range for {spec.dtype}")
+    return tensor.to(target)
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
