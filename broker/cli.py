@@ -198,6 +198,60 @@ def demo(workers, rates, seconds, **flags) -> None:
     run_demo(settings, workers=workers, embedded=flags["redis_url"] is None, phases=phases)
 
 
+@main.command()
+@_redis_option
+@click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
+@click.option(
+    "--profile",
+    type=click.Choice(["sim", "embed"]),
+    default="sim",
+    show_default=True,
+    help="sim: the simulated GPU; embed: the real MiniLM model.",
+)
+@click.option(
+    "--systems",
+    default="tandem,celery-plain,celery-batches/10ms,celery-batches/50ms",
+    show_default=True,
+    help="Comma-separated systems to compare.",
+)
+@click.option("--rates", help="Comma-separated offered rates (req/s); default per profile.")
+@click.option("--seconds", type=float, help="Seconds of arrivals per point (default 5, quick 2).")
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
+def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path, plot_path):
+    """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
+    from producers.bench import PROFILES, SYSTEMS, run_bench
+
+    chosen = PROFILES[profile]
+    try:
+        picked = [SYSTEMS[name.strip()] for name in systems.split(",")]
+        offered = (
+            tuple(float(r) for r in rates.split(","))
+            if rates
+            else (chosen.quick_rates if quick else chosen.rates)
+        )
+    except KeyError as e:
+        raise click.BadParameter(
+            f"unknown system {e}; known: {', '.join(SYSTEMS)}", param_hint="--systems"
+        ) from e
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--rates") from e
+    _logging("WARNING")
+    seconds = seconds or (2.0 if quick else 5.0)
+    run_bench(
+        load_settings(),
+        profile=chosen,
+        systems=picked,
+        rates=offered,
+        seconds=seconds,
+        workers=workers,
+        drain_s=3.0 if quick else 5.0,
+        json_path=json_path,
+        plot_path=plot_path,
+    )
+
+
 def run() -> None:
     try:
         main(standalone_mode=True)

@@ -31,13 +31,15 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def spawn(args: list[str], settings: Settings, log_path: Path) -> subprocess.Popen:
-    """Start `tandem ARGS` as a child process, its output going to log_path."""
+def spawn(
+    args: list[str], settings: Settings, log_path: Path, module: str = "broker.cli"
+) -> subprocess.Popen:
+    """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings_env(settings)}
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", *args],
+            [sys.executable, "-m", module, *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

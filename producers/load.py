@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from broker import keys
 from producers.client import Client
 
@@ -17,8 +19,9 @@ from producers.client import Client
 class ResultWatcher:
     """Records when each result is published, from Celery's result channels."""
 
-    def __init__(self, client: Client) -> None:
-        self.pubsub = client.redis.pubsub(ignore_subscribe_messages=True)
+    def __init__(self, client: Client | redis.Redis) -> None:
+        connection = client.redis if isinstance(client, Client) else client
+        self.pubsub = connection.pubsub(ignore_subscribe_messages=True)
         self.pubsub.psubscribe(keys.RESULT_PREFIX + "*")
         self.arrived: dict[str, tuple[float, str]] = {}
         self._lock = threading.Condition()

@@ -1,0 +1,378 @@
+"""`tandem bench`: tandem, plain Celery and celery-batches under the same open-loop load.
+
+Each (system, rate) point gets a fresh Redis and fresh workers, the same model
+cost and the same Poisson arrivals. Latency runs from each task's scheduled
+arrival to its result as a producer sees it (the result channel), so a
+producer falling behind shows as latency, not as a lower rate.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.server import RedisServer
+from broker.settings import Settings
+from broker.stack import spawn, stop_process, wait_for_executors
+from producers import baselines
+from producers.client import Client
+from producers.load import ResultWatcher
+from producers.samples import sampler
+
+WARMUP_TASKS = 20
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str
+    rates: tuple[float, ...]
+    quick_rates: tuple[float, ...]
+
+
+PROFILES = {
+    "sim": Profile("sim", "sim:1", (10, 100, 300, 600, 1000, 1500, 1800, 2200), (10, 300, 1500)),
+    "embed": Profile("embed", "minilm:1", (5, 20, 50, 100, 200, 300), (5, 50, 200)),
+}
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    kind: str  # tandem | plain | batches
+    flush_interval_ms: float = 0.0
+
+
+SYSTEMS = {
+    s.name: s
+    for s in (
+        System("tandem", "tandem"),
+        System("celery-plain", "plain"),
+        System("celery-batches/10ms", "batches", 10.0),
+        System("celery-batches/50ms", "batches", 50.0),
+    )
+}
+
+
+class Running:
+    """One system started on its own Redis: submit, count queued, stop."""
+
+    def __init__(self, system: System, settings: Settings, workers: int, folder: Path) -> None:
+        self.system = system
+        self.server = RedisServer(folder / "redis").start()
+        self.settings = settings.replace(redis_url=self.server.url)
+        self.redis = redis.Redis.from_url(self.server.url)
+        self.processes = []
+        for n in range(workers):
+            worker = self.settings.replace(hostname=f"{system.kind}{n + 1}@bench")
+            log = folder / "logs" / f"{system.kind}{n + 1}.log"
+            if system.kind == "tandem":
+                self.processes.append(spawn(["worker"], worker, log))
+            else:
+                args = [
+                    system.kind,
+                    f"--hostname={worker.hostname}",
+                    f"--flush-interval-ms={system.flush_interval_ms}",
+                ]
+                self.processes.append(spawn(args, worker, log, module="producers.baselines"))
+        if system.kind == "tandem":
+            self.client = Client(settings=self.settings)
+            wait_for_executors(self.redis, workers, 120, self.processes)
+        else:
+            from celery import Celery
+
+            self.app = Celery("bench-producer", broker=self.server.url, backend=self.server.url)
+            self.app.conf.update(task_serializer="json", accept_content=["json"])
+
+    def submit(self, batch: list[Any]) -> list[str]:
+        if self.system.kind == "tandem":
+            if len(batch) == 1:
+                return [self.client.submit(self.settings.models[0], batch[0]).id]
+            return [r.id for r in self.client.submit_many(self.settings.models[0], batch)]
+        name, queue = (
+            (baselines.PLAIN_TASK, baselines.PLAIN_QUEUE)
+            if self.system.kind == "plain"
+            else (baselines.BATCHES_TASK, baselines.BATCHES_QUEUE)
+        )
+        return [self.app.send_task(name, kwargs={"inputs": x}, queue=queue).id for x in batch]
+
+    def counters(self) -> tuple[int, int]:
+        """(tasks, batches) computed so far."""
+        if self.system.kind == "tandem":
+            rows = self.client.table.executors()
+            return sum(r.tasks for r in rows), sum(r.batches for r in rows)
+        tasks, batches = self.redis.mget(baselines.TASKS, baselines.BATCHES)
+        return int(tasks or 0), int(batches or 0)
+
+    def queued(self) -> int:
+        """Tasks still waiting in Redis (call after the workers stopped)."""
+        if self.system.kind == "tandem":
+            lists = [*keys.l1_keys(self.settings.models[0])]
+            lists += [
+                k
+                for p in (keys.L2_PREFIX, keys.INFLIGHT_PREFIX)
+                for k in self.redis.scan_iter(p + "*")
+            ]
+            return sum(self.redis.llen(k) for k in lists)
+        queue = baselines.PLAIN_QUEUE if self.system.kind == "plain" else baselines.BATCHES_QUEUE
+        return self.redis.llen(queue) + self.redis.hlen("unacked")
+
+    def stop_workers(self) -> None:
+        for process in self.processes:
+            stop_process(process, 60)
+
+    def close(self) -> None:
+        self.stop_workers()
+        if self.system.kind == "tandem":
+            self.client.close()
+        else:
+            self.app.close()
+        self.redis.close()
+        self.server.stop()
+
+
+def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
+    """Poisson arrival offsets, in seconds from the start."""
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append(t)
+
+
+def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -> dict[str, float]:
+    """Submit at the scheduled times (open loop); late arrivals go out together."""
+    due: dict[str, float] = {}
+    start = time.perf_counter()
+    i = 0
+    while i < len(schedule):
+        now = time.perf_counter() - start
+        if schedule[i] > now:
+            time.sleep(schedule[i] - now)  # pacing the open-loop arrivals
+            continue
+        j = i
+        while j < len(schedule) and schedule[j] <= now:
+            j += 1
+        for k, task_id in zip(
+            range(i, j), running.submit([make(k) for k in range(i, j)]), strict=True
+        ):
+            due[task_id] = start + schedule[k]
+        i = j
+    return due
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def run_point(
+    system: System,
+    settings: Settings,
+    rate: float,
+    seconds: float,
+    *,
+    workers: int,
+    drain_s: float,
+    seed: int = 1,
+) -> dict[str, Any]:
+    make = sampler(settings.models[0], settings.repository)
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as folder:
+        running = Running(system, settings, workers, Path(folder))
+        try:
+            watcher = ResultWatcher(running.redis)
+            warm = running.submit([make(n) for n in range(WARMUP_TASKS)])
+            watcher.wait(warm, 60)
+            tasks0, batches0 = running.counters()
+            due = drive(running, arrivals(rate, seconds, seed), make)
+            send_end = max(due.values(), default=time.perf_counter())
+            watcher.wait(list(due), drain_s)
+            tasks1, batches1 = running.counters()
+            running.stop_workers()
+            queued = running.queued()
+            watcher.close()
+        finally:
+            running.close()
+    arrived = {t: watcher.arrived[t] for t in due if t in watcher.arrived}
+    latencies = [(at - due[t]) * 1000 for t, (at, _status) in arrived.items()]
+    in_time = sum(1 for at, _ in arrived.values() if at <= send_end)
+    batches = batches1 - batches0
+    return {
+        "system": system.name,
+        "offered_rps": rate,
+        "achieved_rps": round(in_time / seconds, 1),
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p95_ms": round(percentile(latencies, 95), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+        "mean_batch": round((tasks1 - tasks0) / batches, 2) if batches else 1.0,
+        "lost": len(due) - len(arrived) - queued,
+        "failed": sum(1 for _, status in arrived.values() if status != "SUCCESS"),
+        "sent": len(due),
+        "backlog": len(due) - in_time,
+        "unfinished": queued,
+    }
+
+
+def limits(settings: Settings, workers: int) -> dict[str, float]:
+    """The latency floor (compute of one item) and the throughput ceiling."""
+    if settings.models[0].startswith("sim:"):
+        cost = lambda b: settings.sim_base_ms + settings.sim_per_item_ms * b  # noqa: E731
+    else:
+        compute = baselines.make_compute(settings)
+        make = sampler(settings.models[0], settings.repository)
+
+        def cost(b: int) -> float:
+            batch = [make(n) for n in range(b)]
+            compute(batch)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                compute(batch)
+                times.append((time.perf_counter() - t0) * 1000)
+            return sorted(times)[2]
+
+    return {
+        "floor_ms": round(cost(1), 2),
+        "ceiling_rps": round(workers * settings.max_batch / cost(settings.max_batch) * 1000, 1),
+    }
+
+
+def limit_row(limit: dict[str, float], max_batch: int) -> dict[str, Any]:
+    floor = limit["floor_ms"]
+    return {
+        "system": "limit",
+        "offered_rps": None,
+        "achieved_rps": limit["ceiling_rps"],
+        "p50_ms": floor,
+        "p95_ms": floor,
+        "p99_ms": floor,
+        "mean_batch": max_batch,
+        "lost": 0,
+        "failed": 0,
+        "sent": 0,
+        "backlog": 0,
+        "unfinished": 0,
+    }
+
+
+def save_json(rows: list[dict[str, Any]], path: str) -> None:
+    Path(path).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def plot(rows: list[dict[str, Any]], limit: dict[str, float], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (latency, throughput) = plt.subplots(1, 2, figsize=(12, 4.8))
+    measured = [r for r in rows if r["system"] != "limit"]
+    for name in dict.fromkeys(r["system"] for r in measured):
+        mine = sorted((r for r in measured if r["system"] == name), key=lambda r: r["offered_rps"])
+        offered = [r["offered_rps"] for r in mine]
+        latency.plot(offered, [r["p99_ms"] for r in mine], marker="o", label=name)
+        throughput.plot(offered, [r["achieved_rps"] for r in mine], marker="o", label=name)
+    latency.axhline(limit["floor_ms"], color="grey", linestyle="--", label="floor (1 item)")
+    throughput.axhline(limit["ceiling_rps"], color="grey", linestyle="--", label="ceiling")
+    offered = sorted({r["offered_rps"] for r in measured})
+    throughput.plot(offered, offered, color="lightgrey", linestyle=":", label="offered")
+    latency.set(
+        xlabel="offered load (req/s)", ylabel="p99 latency (ms)", yscale="log", title="p99 latency"
+    )
+    throughput.set(xlabel="offered load (req/s)", ylabel="achieved (req/s)", title="throughput")
+    for axis in (latency, throughput):
+        axis.set_xscale("log")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+COLUMNS = (
+    "system",
+    "offered_rps",
+    "achieved_rps",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "mean_batch",
+    "lost",
+    "failed",
+    "backlog",
+)
+
+
+def table(rows: list[dict[str, Any]], title: str):
+    from rich.table import Table
+
+    out = Table(title=title)
+    for column in COLUMNS:
+        out.add_column(column.replace("_", " "), justify="left" if column == "system" else "right")
+    for row in rows:
+        out.add_row(
+            *("-" if row[c] is None else str(row[c]) for c in COLUMNS),
+            style="dim" if row["system"] == "limit" else None,
+        )
+    return out
+
+
+def run_bench(
+    settings: Settings,
+    *,
+    profile: Profile,
+    systems: list[System],
+    rates: tuple[float, ...],
+    seconds: float,
+    workers: int,
+    drain_s: float,
+    json_path: str | None,
+    plot_path: str | None,
+    console=None,
+) -> list[dict[str, Any]]:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = console or Console(width=max(Console().width, 110))
+    settings = settings.replace(models=(profile.model,), max_wait_ms=0.0)
+    limit = limits(settings, workers)
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("bench", total=len(systems) * len(rates))
+        for system in systems:
+            for rate in rates:
+                progress.update(bar, description=f"{system.name} at {rate:g}/s")
+                rows.append(
+                    run_point(system, settings, rate, seconds, workers=workers, drain_s=drain_s)
+                )
+                progress.advance(bar)
+    rows.append(limit_row(limit, settings.max_batch))
+    title = (
+        f"tandem bench, profile {profile.name}: {profile.model}, {workers} workers, "
+        f"max batch {settings.max_batch}, {seconds:g}s per point"
+    )
+    console.print(table(rows, title))
+    console.print(
+        f"floor = compute of 1 item = {limit['floor_ms']} ms; ceiling = {workers} "
+        f"workers x {settings.max_batch} / cost({settings.max_batch}) = "
+        f"{limit['ceiling_rps']} req/s. lost = sent - done - still queued; "
+        "backlog = not done when the arrivals ended."
+    )
+    if json_path:
+        save_json(rows, json_path)
+    if plot_path:
+        plot(rows, limit, plot_path, title)
+    return rows
