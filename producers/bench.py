@@ -321,7 +321,10 @@ def table(rows: list[dict[str, Any]], title: str):
 
     out = Table(title=title)
     for column in COLUMNS:
-        out.add_column(column.replace("_", " "), justify="left" if column == "system" else "right")
+        if column == "system":
+            out.add_column("system", no_wrap=True, min_width=19)
+        else:
+            out.add_column(column.replace("_", " "), justify="right")
     for row in rows:
         out.add_row(
             *("-" if row[c] is None else str(row[c]) for c in COLUMNS),
