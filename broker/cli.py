@@ -41,6 +41,7 @@ def main() -> None:
 @click.option("--repository", help="Model repository folder (default: the shipped examples).")
 @click.option("--max-batch", type=int, help="Largest batch (default 32).")
 @click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
+@click.option("--max-queue", type=int, help="Bound on each model's L1; submit raises QueueFull.")
 @click.option("--heartbeat-ttl-s", type=float, help="Dead after this long without a heartbeat.")
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")

@@ -15,6 +15,10 @@ PRIORITY_SEP = "\x06\x16"
 
 #: SET of every model version a worker has ever served ("resnet18:1").
 MODELS = "tandem:models"
+#: HASH model -> bound on its L1 length (max_queue), set by its workers; absent = unbounded.
+MAX_QUEUE = "tandem:max_queue"
+#: HASH of counters: redelivered (tasks reclaims moved back), duplicates (results kept).
+STATS = "tandem:stats"
 #: STREAM of executor state changes, written by the scripts, relayed by the coordinator.
 CHANGES = "tandem:changes"
 #: PUB/SUB channel where the coordinator publishes each state change as JSON.

@@ -69,10 +69,10 @@ class Table:
 
     # Producers
 
-    def route(self, model: str, message: str, *, l1_key: str, max_queue: int = 0) -> str | None:
+    def route(self, model: str, message: str, *, l1_key: str) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1."""
         try:
-            chosen = self.scripts.route(**self._route_call(model, message, l1_key, max_queue))
+            chosen = self.scripts.route(**self._route_call(model, message, l1_key))
         except redis.ResponseError as e:
             raise convert_error(e) from e
         except redis.ConnectionError as e:
@@ -80,19 +80,13 @@ class Table:
         return chosen.decode() if chosen else None
 
     def route_in(
-        self,
-        pipe: redis.client.Pipeline,
-        model: str,
-        message: str,
-        *,
-        l1_key: str,
-        max_queue: int = 0,
+        self, pipe: redis.client.Pipeline, model: str, message: str, *, l1_key: str
     ) -> None:
         """Queue a route call on a pipeline; its reply is what route() would decode."""
-        self.scripts.route(**self._route_call(model, message, l1_key, max_queue), client=pipe)
+        self.scripts.route(**self._route_call(model, message, l1_key), client=pipe)
 
     @staticmethod
-    def _route_call(model: str, message: str, l1_key: str, max_queue: int) -> dict:
+    def _route_call(model: str, message: str, l1_key: str) -> dict:
         return {
             "keys": [
                 keys.executors(model),
@@ -101,7 +95,7 @@ class Table:
                 *keys.l1_keys(model),
                 keys.CHANGES,
             ],
-            "args": [model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, max_queue],
+            "args": [model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, keys.MAX_QUEUE],
         }
 
     # Executors
@@ -116,10 +110,22 @@ class Table:
         ttl_ms: int,
         max_wait_ms: float,
         pid: int,
+        max_queue: int = 0,
     ) -> None:
+        """Register an executor (WORKING, no capacity) and set its model's L1 bound."""
         self.scripts.register(
             keys=[keys.executor(executor_id), keys.executors(model), keys.MODELS, keys.CHANGES],
-            args=[executor_id, model, worker, max_batch, ttl_ms, max_wait_ms, pid],
+            args=[
+                executor_id,
+                model,
+                worker,
+                max_batch,
+                ttl_ms,
+                max_wait_ms,
+                pid,
+                max_queue,
+                keys.MAX_QUEUE,
+            ],
         )
 
     def heartbeat(self, executor_ids: Sequence[str], ttl_ms: int) -> list[str]:
@@ -178,7 +184,8 @@ class Table:
         for entry in entries:
             args.extend(entry)
         self.scripts.complete(
-            keys=[keys.inflight(executor_id), keys.executor(executor_id), keys.DEAD], args=args
+            keys=[keys.inflight(executor_id), keys.executor(executor_id), keys.DEAD, keys.STATS],
+            args=args,
         )
 
     def reclaim(self, executor_id: str, model: str, *, force: bool = False) -> int:
@@ -190,6 +197,7 @@ class Table:
                 keys.l2(executor_id),
                 keys.inflight(executor_id),
                 keys.CHANGES,
+                keys.STATS,
                 *keys.l1_keys(model),
             ],
             args=[executor_id, "1" if force else "0"],

@@ -71,7 +71,6 @@ class Client:
             model,
             envelope,
             l1_key=keys.l1_for_priority(model, priority),
-            max_queue=self.settings.max_queue,
         )
         return self._result(task_id, executor)
 
@@ -95,9 +94,7 @@ class Client:
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 for _task_id, envelope in encoded:
-                    self.table.route_in(
-                        pipe, model, envelope, l1_key=l1_key, max_queue=self.settings.max_queue
-                    )
+                    self.table.route_in(pipe, model, envelope, l1_key=l1_key)
                 replies = pipe.execute(raise_on_error=False)
         except redis.ConnectionError as e:
             raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
@@ -113,6 +110,11 @@ class Client:
         return results
 
     def close(self) -> None:
+        # Stop Celery's result listener; results garbage-collected later then need no Redis.
+        consumer = getattr(self.app.backend, "result_consumer", None)
+        if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+            consumer.stop()
+            consumer._pubsub = None
         self.redis.close()
         self.app.close()
 

@@ -40,11 +40,9 @@ def idle(table: Table, executor_id: str, max_batch: int = 4) -> None:
     assert table.go_idle(executor_id, MODEL, max_batch)
 
 
-def route(table: Table, n: int, priority: int = 0, max_queue: int = 0) -> tuple[str, str | None]:
+def route(table: Table, n: int, priority: int = 0) -> tuple[str, str | None]:
     task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
-    return task_id, table.route(
-        MODEL, envelope, l1_key=keys.l1_for_priority(MODEL, priority), max_queue=max_queue
-    )
+    return task_id, table.route(MODEL, envelope, l1_key=keys.l1_for_priority(MODEL, priority))
 
 
 def ids_in(r, key: str) -> list[str]:
@@ -135,12 +133,17 @@ def test_begin_with_nothing_held_or_queued_changes_nothing(table, r):
     assert r.hget(keys.executor("a"), "state") == b"IDLE"
 
 
-def test_queue_bound_raises_queue_full(table):
-    register(table, "a")
-    route(table, 0, max_queue=2)
-    route(table, 1, max_queue=2)
+def test_queue_bound_raises_queue_full(table, r):
+    table.register(
+        "a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1, max_queue=2
+    )
+    route(table, 0)
+    route(table, 1)
     with pytest.raises(QueueFull, match="2 tasks waiting"):
-        route(table, 2, max_queue=2)
+        route(table, 2)
+    assert table.l1_depth(MODEL) == 2
+    register(table, "b")  # a worker without a bound lifts it
+    route(table, 3)
 
 
 def test_reclaim_spares_a_live_executor(table, r):

@@ -107,6 +107,7 @@ class Executor:
             ttl_ms=int(s.heartbeat_ttl_s * 1000),
             max_wait_ms=self.max_wait_ms,
             pid=os.getpid(),
+            max_queue=getattr(self.model, "max_queue", 0) or s.max_queue,
         )
         self.state = State.WORKING
 
@@ -204,23 +205,33 @@ class Executor:
         return held
 
     def _compute(self, held: list[bytes]) -> None:
-        tasks = [message.decode(raw, max_bytes=self.settings.max_message_bytes) for raw in held]
-        now = datetime.now(timezone.utc)
-        ready: list[int] = []
-        inputs: list[Any] = []
-        for n, task in enumerate(tasks):
-            self._check(task, now)
-            if task.error is None:
-                ready.append(n)
-                inputs.append(task.inputs)
+        tasks = self._checked(held)
+        ready = [n for n, task in enumerate(tasks) if task.error is None]
+        # A task failed before compute (expired, bad input) frees its slot: refill it from L1.
+        while len(tasks) > len(ready) and len(ready) < self.max_batch:
+            more = self.table.claim(self.id, self.model_ref, self.max_batch - len(ready))
+            if not more:
+                break
+            first = len(tasks)
+            tasks += self._checked(more)
+            ready += [n for n in range(first, len(tasks)) if tasks[n].error is None]
         outputs: dict[int, Any] = {}
         if ready:
-            for n, out in zip(ready, self._run_isolated(inputs), strict=True):
+            computed = self._run_isolated([tasks[n].inputs for n in ready])
+            for n, out in zip(ready, computed, strict=True):
                 if isinstance(out, ModelError):
                     tasks[n].error = out
                 else:
                     outputs[n] = out
         self._slot.put(Done(tasks, outputs))
+
+    def _checked(self, held: list[bytes]) -> list[message.Task]:
+        """Decode and check each message; a bad one gets its error set, nothing raised."""
+        now = datetime.now(timezone.utc)
+        tasks = [message.decode(raw, max_bytes=self.settings.max_message_bytes) for raw in held]
+        for task in tasks:
+            self._check(task, now)
+        return tasks
 
     def _check(self, task: message.Task, now: datetime) -> None:
         if task.error is None and task.model != self.model_ref:

@@ -1,7 +1,7 @@
 -- Finish a batch: store each result in Celery's format, publish it, and drop
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
--- KEYS: in-flight, executor hash, dead-letter list
+-- KEYS: in-flight, executor hash, dead-letter list, stats hash
 -- ARGV: result ttl seconds, then (raw message, result key, result JSON) triples;
 --       an empty result key sends the raw message to the dead-letter list.
 local ttl = tonumber(ARGV[1])
@@ -17,7 +17,9 @@ for i = 2, #ARGV, 3 do
       local ok, decoded = pcall(cjson.decode, old)
       keep = ok and type(decoded) == 'table' and decoded.status == 'SUCCESS'
     end
-    if not keep then
+    if keep then
+      redis.call('HINCRBY', KEYS[4], 'duplicates', 1)
+    else
       redis.call('SET', key, meta, 'EX', ttl)
       redis.call('PUBLISH', key, meta)
     end

@@ -1,12 +1,17 @@
 -- Register an executor. It starts WORKING with no capacity, and its first
 -- step claims any L1 backlog or goes IDLE.
 -- KEYS: executor hash, executors set, models set, changes
--- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid
+-- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid, max_queue, max_queue hash
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
   'state', 'WORKING', 'cap', 0, 'max_batch', ARGV[4], 'max_wait_ms', ARGV[6],
   'pid', ARGV[7], 'expires_ms', now_ms() + tonumber(ARGV[5]),
   'started_ms', now_ms(), 'batches', 0, 'tasks', 0)
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[2])
+if tonumber(ARGV[8]) > 0 then
+  redis.call('HSET', ARGV[9], ARGV[2], ARGV[8])
+else
+  redis.call('HDEL', ARGV[9], ARGV[2])
+end
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 return 1

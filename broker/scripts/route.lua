@@ -3,7 +3,7 @@
 -- (max_wait_ms 0) computes at once, so handing it a task makes it WORKING
 -- here, which saves the executor a round trip.
 -- KEYS: executors set, models set, target L1 key, L1 keys of every priority, changes
--- ARGV: model, message, executor key prefix, L2 key prefix, max_queue (0 = none)
+-- ARGV: model, message, executor key prefix, L2 key prefix, max_queue hash
 -- Returns the executor id, or '' for L1.
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
   return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. ARGV[1])
@@ -36,7 +36,7 @@ if best then
   end
   return best
 end
-local max_queue = tonumber(ARGV[5])
+local max_queue = tonumber(redis.call('HGET', ARGV[5], ARGV[1]) or 0)
 if max_queue > 0 then
   local depth = 0
   for i = 4, #KEYS - 1 do depth = depth + redis.call('LLEN', KEYS[i]) end

@@ -74,6 +74,7 @@ class RepoModel:
         self.module = _load_module(config, self.device)
         self.max_batch_size = config.max_batch_size
         self.max_wait_ms = config.max_wait_ms
+        self.max_queue = config.max_queue
         self._warm_up()
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
 """A model's config.json in the repository: batching, tensor specs, device, artifact.
 
     {
-      "max_batch_size": 32, "max_wait_ms": 2,
+      "max_batch_size": 32, "max_wait_ms": 2, "max_queue": 10000,
       "inputs":  [{"name": "x", "dtype": "float32", "shape": [-1, 8], "max_length": 64}],
       "outputs": [{"name": "y", "dtype": "float32", "shape": [4]}],
       "padding_value": 0, "mask": "attention_mask",
@@ -70,6 +70,7 @@ class ModelConfig:
     artifact: Artifact
     max_batch_size: int = 32
     max_wait_ms: float = 0.0
+    max_queue: int = 0
     padding_value: float = 0.0
     mask: str | None = None
     device: str = "auto"
@@ -127,6 +128,7 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
     known = {
         "max_batch_size",
         "max_wait_ms",
+        "max_queue",
         "inputs",
         "outputs",
         "padding_value",
@@ -144,6 +146,7 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
         artifact=_artifact(raw["artifact"], directory),
         max_batch_size=batch,
         max_wait_ms=float(raw.get("max_wait_ms", 0.0)),
+        max_queue=int(raw.get("max_queue", 0)),
         padding_value=float(raw.get("padding_value", 0.0)),
         mask=mask,
         device=str(raw.get("device", "auto")),
