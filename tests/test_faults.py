@@ -9,13 +9,12 @@ import time
 
 import pytest
 import redis
-from test_system import executors_of, plain_celery
 
 from broker import keys
 from broker.errors import BrokerUnavailable, QueueFull
 from broker.server import RedisServer
 from broker.table import Table
-from helpers import wait_until
+from helpers import executors_of, plain_celery, wait_until
 from producers.client import Client
 
 

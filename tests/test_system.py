@@ -7,12 +7,11 @@ import signal
 import threading
 
 import pytest
-from celery import Celery
 
 from broker import keys
 from broker.errors import BadInput, UnknownModel
 from broker.table import Table
-from helpers import wait_until
+from helpers import executors_of, plain_celery, wait_until
 from producers.client import Client
 from workers.models.tiny import TinyModel
 
@@ -21,10 +20,6 @@ from workers.models.tiny import TinyModel
 def client(settings, r):
     with Client(settings=settings) as c:
         yield c
-
-
-def executors_of(r, worker: str):
-    return [e for e in Table(r).executors() if e.worker == f"{worker}@test"]
 
 
 def test_at_a_low_rate_tasks_go_to_l2_and_run_alone(processes, client, r):
@@ -160,13 +155,6 @@ def test_submitting_to_an_unknown_model_raises_and_enqueues_nothing(processes, c
     assert Table(r).l1_depth("resnet:1") == 0
     with pytest.raises(ValueError, match="NAME:VERSION"):
         client.submit("no-version", [1])
-
-
-def plain_celery(settings) -> Celery:
-    """A Celery client that knows only the task name, the kwargs and the queue name."""
-    app = Celery("plain", broker=settings.redis_url, backend=settings.redis_url)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-    return app
 
 
 def test_a_plain_celery_client_works(processes, settings):
