@@ -254,10 +254,15 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
 
 
 def run() -> None:
+    import redis
+
     try:
         main(standalone_mode=True)
     except TandemError as e:
         click.echo(f"error: {type(e).__name__}: {e}", err=True)
+        sys.exit(1)
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        click.echo(f"error: BrokerUnavailable: cannot reach Redis: {e}", err=True)
         sys.exit(1)
 
 

@@ -35,26 +35,56 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A real redis-server on 127.0.0.1, AOF on, data under `data_dir`."""
+    """A real redis-server on 127.0.0.1, AOF on, data under `data_dir`.
+
+    tls: a (certificate, key) pair to serve TLS only, with the certificate as its own CA.
+    """
 
     def __init__(
-        self, data_dir: str | Path, port: int | None = None, appendfsync: str = "everysec"
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        appendfsync: str = "everysec",
+        binary: str | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.binary = binary
+        self.tls = tls
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
+        if self.tls:
+            return (
+                f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=required"
+                f"&ssl_ca_certs={self.tls[0].resolve()}"
+            )
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> RedisServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            redis_binary(),
-            "--port",
-            str(self.port),
+    def command(self) -> list[str]:
+        ports = ["--port", str(self.port)]
+        if self.tls:
+            cert, key = (str(p.resolve()) for p in self.tls)
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                cert,
+                "--tls-key-file",
+                key,
+                "--tls-ca-cert-file",
+                cert,
+                "--tls-auth-clients",
+                "no",
+            ]
+        return [
+            self.binary or redis_binary(),
+            *ports,
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -70,8 +100,11 @@ class RedisServer:
             "--maxmemory-policy",
             "noeviction",
         ]
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
-        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT)
         log_file.close()
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
