@@ -253,6 +253,27 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
     )
 
 
+@main.command()
+@click.option("--minutes", type=float, default=5.0, show_default=True)
+@click.option(
+    "--kill-every-s",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="Seconds between worker kills.",
+)
+def soak(minutes, kill_every_s) -> None:
+    """Mixed load with worker kills and a Redis restart; exits 1 if any task was lost."""
+    from producers.soak import run_soak
+
+    _logging("WARNING")
+    report = run_soak(load_settings(), minutes, kill_every_s)
+    for line in report.lines():
+        click.echo(line)
+    if report.lost:
+        sys.exit(1)
+
+
 def run() -> None:
     import redis
 

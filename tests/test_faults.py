@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -205,3 +207,24 @@ def test_a_bounded_queue_refuses_with_queue_full(processes, settings, r):
         assert Table(r).l1_depth("sim:1") == 6
         assert [res.get(timeout=30) for res in [first, *accepted]] == [[n] for n in range(6)]
         assert plain.get(timeout=30) == ["plain"]
+
+
+def test_a_short_soak_loses_nothing(tmp_path):
+    done = subprocess.run(
+        ["tandem", "soak", "--minutes", "0.3", "--kill-every-s", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = dict(
+        line.rsplit(None, 1)
+        for line in done.stdout.splitlines()
+        if not line.startswith(("failed", "max recovery"))
+    )
+    assert lines["lost"] == "0"
+    assert int(lines["submitted (accepted)"]) > 500
+    assert lines["Redis restarts"] == "1"
+    assert int(lines["worker kills survived"]) >= 1

@@ -1,0 +1,209 @@
+"""`tandem soak`: mixed load for N minutes with worker kills and one Redis restart.
+
+It runs its own Redis (AOF, appendfsync always), a coordinator and 3 workers, and
+at the end prints what happened to every task whose submit returned.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from broker import keys
+from broker.errors import BrokerUnavailable, QueueFull
+from broker.server import RedisServer
+from broker.settings import Settings
+from broker.stack import spawn, stop_process, wait_for_executors
+from broker.table import Table
+from producers.client import Client
+
+MODELS = ("sim:1", "tiny:1")
+
+
+@dataclass
+class Report:
+    submitted: int = 0
+    refused: int = 0
+    completed: int = 0
+    failed: Counter = field(default_factory=Counter)
+    lost: int = 0
+    duplicates: int = 0
+    redelivered: int = 0
+    kills: int = 0
+    redis_restarts: int = 0
+    recoveries_s: list[float] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        worst = max(self.recoveries_s, default=0.0)
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        return [
+            f"submitted (accepted)   {self.submitted}",
+            f"refused while down     {self.refused}",
+            f"completed              {self.completed}",
+            f"failed, by reason      {failed}",
+            f"lost                   {self.lost}",
+            f"duplicated (kept once) {self.duplicates}",
+            f"redelivered            {self.redelivered}",
+            f"worker kills survived  {self.kills}",
+            f"Redis restarts         {self.redis_restarts}",
+            f"max recovery (kill to reclaim) {worst:.2f} s over {len(self.recoveries_s)} kills",
+        ]
+
+
+class Soak:
+    def __init__(
+        self,
+        settings: Settings,
+        seconds: float,
+        kill_every_s: float,
+        folder: Path,
+        rate: float = 150.0,
+    ) -> None:
+        self.seconds, self.kill_every_s, self.rate = seconds, kill_every_s, rate
+        self.folder = folder
+        self.server = RedisServer(folder / "redis", appendfsync="always").start()
+        self.settings = settings.replace(
+            redis_url=self.server.url,
+            models=MODELS,
+            heartbeat_ttl_s=2.0,
+            heartbeat_s=0.5,
+            coordinator_interval_s=0.2,
+        )
+        self.redis = redis.Redis.from_url(self.server.url)
+        self.report = Report()
+        self.accepted: dict[str, str] = {}  # task id -> "ok" | "bad" | "deadline"
+        self.workers: dict[str, object] = {}
+        self.coordinator = spawn(["coordinator"], self.settings, folder / "logs" / "coord.log")
+        self._stop = threading.Event()
+        self._n = 0
+
+    def start_worker(self) -> None:
+        name = f"soak{self._n}"
+        self._n += 1
+        worker = self.settings.replace(hostname=f"{name}@soak")
+        self.workers[worker.hostname] = spawn(
+            ["worker"], worker, self.folder / "logs" / f"{name}.log"
+        )
+
+    def produce(self) -> None:
+        rng = random.Random(7)
+        client = Client(settings=self.settings)
+        while not self._stop.wait(rng.expovariate(self.rate)):  # Poisson arrivals
+            kind = rng.choices(["ok", "bad", "deadline"], weights=[90, 5, 5])[0]
+            try:
+                if kind == "bad":
+                    result = client.submit("tiny:1", [1.0, 2.0])
+                elif kind == "deadline":
+                    result = client.submit("sim:1", ["d"], deadline_s=0.05)
+                elif rng.random() < 0.5:
+                    result = client.submit("tiny:1", [rng.random() for _ in range(8)])
+                else:
+                    result = client.submit("sim:1", [rng.random()])
+                self.accepted[result.id] = kind
+            except (BrokerUnavailable, QueueFull):
+                self.report.refused += 1
+        client.close()
+
+    def chaos(self) -> None:
+        rng = random.Random(11)
+        restarted = False
+        start = time.monotonic()
+        while not self._stop.wait(self.kill_every_s):
+            if not restarted and time.monotonic() - start > self.seconds / 2:
+                self.restart_redis()
+                restarted = True
+                continue
+            self.kill_one(rng)
+
+    def kill_one(self, rng: random.Random) -> None:
+        try:
+            busy = [e for e in Table(self.redis).executors() if e.inflight_depth]
+        except redis.ConnectionError:
+            return
+        if not busy:
+            return
+        victim = rng.choice(busy)
+        process = self.workers.pop(victim.worker, None)
+        if process is None:
+            return
+        process.kill()
+        killed = time.monotonic()
+        self.report.kills += 1
+        self.start_worker()
+        deadline = killed + 60
+        while time.monotonic() < deadline:  # measuring the recovery, bounded
+            if not self.redis.exists(keys.executor(victim.id)):
+                self.report.recoveries_s.append(time.monotonic() - killed)
+                return
+            time.sleep(0.02)
+
+    def restart_redis(self) -> None:
+        self.server.kill()
+        time.sleep(2.5)  # an outage longer than the heartbeat TTL, on purpose
+        self.server.start()
+        self.report.redis_restarts += 1
+
+    def run(self) -> Report:
+        for _ in range(3):
+            self.start_worker()
+        wait_for_executors(self.redis, 3 * len(MODELS), 120, list(self.workers.values()))
+        threads = [threading.Thread(target=self.produce), threading.Thread(target=self.chaos)]
+        for thread in threads:
+            thread.start()
+        time.sleep(self.seconds)  # the soak's duration
+        self._stop.set()
+        for thread in threads:
+            thread.join()
+        self.drain()
+        return self.report
+
+    def drain(self, timeout_s: float = 120.0) -> None:
+        ids = list(self.accepted)
+        result_keys = [keys.result(t) for t in ids]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._count(result_keys) < len(ids):
+            time.sleep(0.2)  # waiting for the backlog, bounded
+        for process in self.workers.values():
+            stop_process(process)
+        stop_process(self.coordinator)
+        queued = sum(self.redis.llen(k) for m in MODELS for k in keys.l1_keys(m))
+        report = self.report
+        report.submitted = len(ids)
+        for raw in self._values(result_keys):
+            if raw is None:
+                continue
+            meta = json.loads(raw)
+            if meta["status"] == "SUCCESS":
+                report.completed += 1
+            else:
+                report.failed[meta["result"]["exc_type"]] += 1
+        done = report.completed + sum(report.failed.values())
+        report.lost = len(ids) - done - queued
+        stats = self.redis.hgetall(keys.STATS)
+        report.duplicates = int(stats.get(b"duplicates", 0))
+        report.redelivered = int(stats.get(b"redelivered", 0))
+        self.server.stop()
+
+    def _count(self, result_keys: list[str]) -> int:
+        return sum(
+            self.redis.exists(*result_keys[i : i + 1000]) for i in range(0, len(result_keys), 1000)
+        )
+
+    def _values(self, result_keys: list[str]) -> list:
+        out = []
+        for i in range(0, len(result_keys), 1000):
+            out += self.redis.mget(result_keys[i : i + 1000])
+        return out
+
+
+def run_soak(settings: Settings, minutes: float, kill_every_s: float) -> Report:
+    with tempfile.TemporaryDirectory(prefix="tandem-soak-") as folder:
+        return Soak(settings, minutes * 60, kill_every_s, Path(folder)).run()
