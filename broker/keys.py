@@ -83,6 +83,11 @@ def inflight(executor_id: str) -> str:
     return INFLIGHT_PREFIX + executor_id
 
 
+def metrics(model: str) -> str:
+    """HASH of the model's metric counters (see broker/metrics.py)."""
+    return f"tandem:metrics:{model}"
+
+
 def result(task_id: str) -> str:
     return RESULT_PREFIX + task_id
 

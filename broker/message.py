@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,6 +40,7 @@ class Task:
     model: str = ""
     inputs: Any = None
     expires: datetime | None = None
+    sent_at: float | None = None  # epoch seconds, from tandem producers only
     error: TandemError | None = field(default=None)
 
     def check_deadline(self, now: datetime) -> None:
@@ -83,6 +85,7 @@ def encode(
         "kwargsrepr": f"{{'model': {model!r}, 'inputs': ...}}",
         "origin": "tandem",
         "ignore_result": False,
+        "tandem_sent_at": time.time(),
     }
     envelope = {
         "body": base64.b64encode(body).decode(),
@@ -142,6 +145,8 @@ def _decode_body(task: Task, envelope: dict, headers: dict, max_bytes: int) -> N
     if args:
         raise BadInput("tandem.infer takes keyword arguments model and inputs, not positional ones")
     task.expires = _parse_expires(headers.get("expires"))
+    sent_at = headers.get("tandem_sent_at")
+    task.sent_at = float(sent_at) if isinstance(sent_at, (int, float)) else None
 
 
 def _parse_expires(value: Any) -> datetime | None:

@@ -95,7 +95,14 @@ class Table:
                 *keys.l1_keys(model),
                 keys.CHANGES,
             ],
-            "args": [model, message, keys.EXECUTOR_PREFIX, keys.L2_PREFIX, keys.MAX_QUEUE],
+            "args": [
+                model,
+                message,
+                keys.EXECUTOR_PREFIX,
+                keys.L2_PREFIX,
+                keys.MAX_QUEUE,
+                keys.metrics(model),
+            ],
         }
 
     # Executors

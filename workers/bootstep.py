@@ -12,6 +12,7 @@ from broker.settings import Settings
 from broker.table import Table
 from workers.executor import Executor
 from workers.heartbeat import Heartbeat
+from workers.hooks import CeleryEvents, Logs, Metrics
 from workers.models import Model, load_model
 
 log = logging.getLogger("tandem.worker")
@@ -30,8 +31,11 @@ class Executors(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         settings: Settings = worker.app.tandem_settings
         table = Table(redis.Redis.from_url(settings.redis_url, health_check_interval=10))
+        hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
         for ref, model in worker.app.tandem_models.items():
-            executor = Executor(ref, model, table=table, settings=settings, worker=worker.hostname)
+            executor = Executor(
+                ref, model, table=table, settings=settings, worker=worker.hostname, hooks=hooks
+            )
             executor.start()
             self.executors.append(executor)
             log.info(
@@ -52,7 +56,19 @@ class Executors(bootsteps.StartStopStep):
             self.heartbeat.stop()
 
     def info(self, worker: Any) -> dict[str, Any]:
-        return {"tandem": [executor.info() for executor in self.executors]}
+        """Feeds `celery inspect stats`, and so Flower's "Other statistics"."""
+        rows = [executor.info() for executor in self.executors]
+        try:
+            depths = (
+                {e.id: e.l2_depth for e in self.executors[0].table.executors()}
+                if self.executors
+                else {}
+            )
+        except redis.RedisError:
+            depths = {}
+        for row in rows:
+            row["l2_depth"] = depths.get(row["id"])
+        return {"tandem": rows}
 
 
 def load_models(settings: Settings) -> dict[str, Model]:
@@ -77,6 +93,7 @@ def run_worker(settings: Settings) -> None:
         "worker",
         "--pool=solo",
         f"--queues={CONTROL_QUEUE}",
+        "--task-events",
         f"--loglevel={settings.loglevel}",
         "--without-mingle",
         "--without-gossip",

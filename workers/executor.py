@@ -24,6 +24,7 @@ from broker.errors import BadInput, ModelError, TandemError, UnknownModel
 from broker.settings import Settings
 from broker.table import ExecutorGone, State, Table
 from workers import results
+from workers.hooks import Hook, Logs
 from workers.models import Model, batching
 
 log = logging.getLogger("tandem.executor")
@@ -31,20 +32,32 @@ log = logging.getLogger("tandem.executor")
 
 @dataclass
 class Done:
-    """A computed batch, waiting in the return slot."""
+    """A computed batch, waiting in the return slot. Times are epoch seconds."""
 
     tasks: list[message.Task]
     outputs: dict[int, Any]
+    claimed_at: float = 0.0
+    started_at: float = 0.0
+    compute_ms: float = 0.0
+    stored_at: float = 0.0
 
 
 class Executor:
     def __init__(
-        self, model_ref: str, model: Model, *, table: Table, settings: Settings, worker: str
+        self,
+        model_ref: str,
+        model: Model,
+        *,
+        table: Table,
+        settings: Settings,
+        worker: str,
+        hooks: list[Hook] | None = None,
     ) -> None:
         self.model_ref = model_ref
         self.model = model
         self.max_batch, self.max_wait_ms = batching(model, settings)
         self.table = table
+        self.hooks = hooks if hooks is not None else [Logs()]
         self.settings = settings
         self.worker = worker
         self.id = f"{worker}/{model_ref}/{uuid.uuid4().hex[:6]}"
@@ -150,11 +163,17 @@ class Executor:
                 time.sleep(delay)  # backoff before reconnecting
                 delay = min(delay * 2, 2.0)
 
+    def _moved(self, state: State) -> None:
+        if state != self.state:
+            self.state = state
+            for hook in self.hooks:
+                hook.state_changed(self, state)
+
     def _claim_or_idle(self) -> list[bytes]:
         """After a compute: go IDLE if L1 is empty, else claim up to max_batch from it."""
         while True:
             if self.table.go_idle(self.id, self.model_ref, self.max_batch):
-                self.state = State.IDLE
+                self._moved(State.IDLE)
                 return []
             held = self.table.claim(self.id, self.model_ref, self.max_batch)
             if held:
@@ -171,11 +190,11 @@ class Executor:
         taken = [first]
         if self.max_wait_ms <= 0:
             # The route script already made this executor WORKING.
-            self.state = State.WORKING
+            self._moved(State.WORKING)
             return taken
         if self.max_batch > 1:
             self.table.set_state(self.id, State.WAITING)
-            self.state = State.WAITING
+            self._moved(State.WAITING)
             self._hold_window(time.monotonic() + self.max_wait_ms / 1000)
         return self._begin(taken)
 
@@ -201,10 +220,11 @@ class Executor:
         )
         held = taken + more
         if held:
-            self.state = State.WORKING
+            self._moved(State.WORKING)
         return held
 
     def _compute(self, held: list[bytes]) -> None:
+        claimed_at = time.time()
         tasks = self._checked(held)
         ready = [n for n, task in enumerate(tasks) if task.error is None]
         # A task failed before compute (expired, bad input) frees its slot: refill it from L1.
@@ -216,6 +236,7 @@ class Executor:
             tasks += self._checked(more)
             ready += [n for n in range(first, len(tasks)) if tasks[n].error is None]
         outputs: dict[int, Any] = {}
+        started_at = time.time()
         if ready:
             computed = self._run_isolated([tasks[n].inputs for n in ready])
             for n, out in zip(ready, computed, strict=True):
@@ -223,7 +244,8 @@ class Executor:
                     tasks[n].error = out
                 else:
                     outputs[n] = out
-        self._slot.put(Done(tasks, outputs))
+        compute_ms = (time.time() - started_at) * 1000
+        self._slot.put(Done(tasks, outputs, claimed_at, started_at, compute_ms))
 
     def _checked(self, held: list[bytes]) -> list[message.Task]:
         """Decode and check each message; a bad one gets its error set, nothing raised."""
@@ -269,16 +291,19 @@ class Executor:
                 lambda e=entries: self.table.complete(self.id, e, self.settings.result_expires_s),
                 stoppable=False,
             )
+            done.stored_at = time.time()
             self.batches += 1
             self.tasks += len(done.tasks)
+            self.failed += sum(task.error is not None for task in done.tasks)
+            for hook in self.hooks:
+                try:
+                    hook.batch_done(self, done)
+                except Exception:  # noqa: BLE001 - a hook never stops results flowing
+                    log.exception("hook %s failed", type(hook).__name__)
 
     def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
         if task.id is None:
-            self.failed += 1
-            log.warning("executor %s: %s; moved to %s", self.id, task.error, keys.DEAD)
             return task.raw, "", ""
         if task.error is not None:
-            self.failed += 1
-            log.info("task %s failed: %s: %s", task.id, type(task.error).__name__, task.error)
             return task.raw, keys.result(task.id), results.failure(task.id, task.error)
         return task.raw, keys.result(task.id), results.success(task.id, outputs[n])

@@ -3,7 +3,7 @@
 -- (max_wait_ms 0) computes at once, so handing it a task makes it WORKING
 -- here, which saves the executor a round trip.
 -- KEYS: executors set, models set, target L1 key, L1 keys of every priority, changes
--- ARGV: model, message, executor key prefix, L2 key prefix, max_queue hash
+-- ARGV: model, message, executor key prefix, L2 key prefix, max_queue hash, metrics hash
 -- Returns the executor id, or '' for L1.
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
   return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. ARGV[1])
@@ -34,6 +34,7 @@ if best then
   else
     redis.call('HINCRBY', hash, 'cap', -1)
   end
+  redis.call('HINCRBY', ARGV[6], 'route:L2', 1)
   return best
 end
 local max_queue = tonumber(redis.call('HGET', ARGV[5], ARGV[1]) or 0)
@@ -45,4 +46,5 @@ if max_queue > 0 then
   end
 end
 redis.call('LPUSH', KEYS[3], ARGV[2])
+redis.call('HINCRBY', ARGV[6], 'route:L1', 1)
 return ''

@@ -1,0 +1,137 @@
+"""What hangs off an executor's transitions: logs, metrics and Celery task events.
+
+Hooks run on the returner thread after a batch's results are stored, so they never
+hold up a compute. A hook that raises is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from broker import metrics
+from broker.message import TASK_NAME
+
+if TYPE_CHECKING:
+    from workers.executor import Done, Executor
+
+log = logging.getLogger("tandem.executor")
+
+
+class Hook:
+    def batch_done(self, executor: Executor, done: Done) -> None:
+        """A batch's results are stored."""
+
+    def state_changed(self, executor: Executor, state: str) -> None:
+        """The executor moved to `state`."""
+
+
+class Logs(Hook):
+    """One line per event: state changes at DEBUG, failures at WARNING, never a traceback."""
+
+    def batch_done(self, executor: Executor, done: Done) -> None:
+        for task in done.tasks:
+            if task.error is not None:
+                log.warning(
+                    "task_failed executor=%s task=%s reason=%s: %s",
+                    executor.id,
+                    task.id or "-",
+                    type(task.error).__name__,
+                    task.error,
+                )
+        log.debug(
+            "batch_done executor=%s size=%d compute_ms=%.1f",
+            executor.id,
+            len(done.outputs),
+            done.compute_ms,
+        )
+
+    def state_changed(self, executor: Executor, state: str) -> None:
+        log.debug("state executor=%s state=%s", executor.id, state)
+
+
+class Metrics(Hook):
+    """Counters and histograms of each batch, added to the model's metrics hash."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def batch_done(self, executor: Executor, done: Done) -> None:
+        counts: Counter = Counter()
+        if done.outputs:
+            metrics.observe(counts, "batch_size", len(done.outputs))
+            metrics.observe(counts, "compute_ms", done.compute_ms)
+        for n, task in enumerate(done.tasks):
+            counts["outcome:FAILURE" if task.error else "outcome:SUCCESS"] += 1
+            if task.error is not None:
+                counts[f"failure:{type(task.error).__name__}"] += 1
+            if task.sent_at:
+                metrics.observe(counts, "latency_ms", (done.stored_at - task.sent_at) * 1000)
+                if n in done.outputs:
+                    metrics.observe(
+                        counts, "queue_wait_ms", max(0.0, done.claimed_at - task.sent_at) * 1000
+                    )
+        metrics.record(self.redis, executor.model_ref, counts)
+
+
+class CeleryEvents(Hook):
+    """Celery task events, so Flower shows every task: received, started, succeeded/failed."""
+
+    def __init__(self, app: Any, hostname: str) -> None:
+        self.app = app
+        self.hostname = hostname
+        self._dispatcher = None
+
+    def batch_done(self, executor: Executor, done: Done) -> None:
+        if self._dispatcher is None:  # created on the returner thread that uses it
+            self._dispatcher = self.app.events.Dispatcher(
+                self.app.connection_for_write(),
+                hostname=self.hostname,
+                enabled=True,
+                buffer_group=["task"],
+                buffer_limit=10_000,
+            )
+        send = self._dispatcher.send
+        runtime = done.compute_ms / 1000
+        for n, task in enumerate(done.tasks):
+            if task.id is None:
+                continue
+            send(
+                "task-received",
+                uuid=task.id,
+                name=TASK_NAME,
+                args="()",
+                kwargs=f"{{'model': {task.model!r}}}",
+                retries=0,
+                eta=None,
+                expires=task.expires.isoformat() if task.expires else None,
+                root_id=task.id,
+                parent_id=None,
+                timestamp=done.claimed_at,
+            )
+            send("task-started", uuid=task.id, timestamp=done.started_at)
+            if task.error is None:
+                send(
+                    "task-succeeded",
+                    uuid=task.id,
+                    result=_short(done.outputs[n]),
+                    runtime=runtime,
+                    timestamp=done.stored_at,
+                )
+            else:
+                send(
+                    "task-failed",
+                    uuid=task.id,
+                    timestamp=done.stored_at,
+                    exception=f"{type(task.error).__name__}({str(task.error)!r})",
+                    traceback=None,
+                )
+        self._dispatcher.flush()
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
