@@ -65,6 +65,7 @@ def worker(**flags) -> None:
     type=float,
     help="How often to look for dead executors (default 0.5).",
 )
+@click.option("--metrics-port", type=int, help="Serve Prometheus /metrics on this port.")
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def coordinator(**flags) -> None:
     """Expire dead executors, reclaim their tasks, publish state changes."""
@@ -107,40 +108,23 @@ def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> No
 
 @main.command()
 @_redis_option
-def status(redis_url) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the data as JSON, for scripts.")
+@click.option("--watch", is_flag=True, help="A live view until Ctrl-C.")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds, --watch.")
+def status(redis_url, as_json, watch, interval) -> None:
     """Print each executor and each queue's depth."""
     import redis
 
-    from broker.status import render
+    from broker.status import render, snapshot, watch_live
 
     settings = load_settings(redis_url=redis_url)
-    render(redis.Redis.from_url(settings.redis_url))
-
-
-@main.command()
-@click.argument("directory", required=False, type=click.Path(file_okay=False))
-@click.option("--device", help="Load on this device instead of each config's own.")
-def models(directory, device) -> None:
-    """List and check the models of a repository (default: the shipped examples)."""
-    from rich.console import Console
-    from rich.table import Table as RichTable
-
-    from workers.models.repository import Repository, check
-
-    repository = Repository(directory)
-    rows = check(repository, device)
-    table = RichTable(title=f"models in {repository.root}")
-    for column in ("model", "artifact", "inputs", "outputs", "batch", "status"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            *(row[c] for c in ("model", "artifact", "inputs", "outputs", "batch", "status"))
-        )
-    Console(width=160).print(table)
-    if not rows:
-        raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
-    if any(row["status"] != "ok" for row in rows):
-        sys.exit(1)
+    client = redis.Redis.from_url(settings.redis_url, client_name="tandem-status")
+    if as_json:
+        click.echo(json.dumps(snapshot(client), indent=2))
+    elif watch:
+        watch_live(client, interval)
+    else:
+        render(client)
 
 
 def _stack_options(f):

@@ -111,6 +111,11 @@ def serve(settings: Settings) -> None:
     import signal
 
     coordinator = Coordinator(settings)
+    if settings.metrics_port:
+        from broker.metrics import serve as serve_metrics
+
+        serve_metrics(coordinator.redis, settings.metrics_port)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: coordinator.stop())
     coordinator.run()

@@ -30,6 +30,8 @@ class Settings:
     heartbeat_ttl_s: float = 5.0
     #: How often the coordinator looks for dead executors.
     coordinator_interval_s: float = 0.5
+    #: The coordinator's Prometheus /metrics port; 0 serves none.
+    metrics_port: int = 0
     #: How long results stay in Redis.
     result_expires_s: int = 86400
     #: Bound on each model's L1 length; 0 means unbounded.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import redis
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table as RichTable
 
 from broker import keys
@@ -34,9 +35,7 @@ def snapshot(client: redis.Redis) -> dict:
     }
 
 
-def render(client: redis.Redis, console: Console | None = None) -> dict:
-    console = console or Console()
-    data = snapshot(client)
+def tables(data: dict) -> Group:
     executors = RichTable(title="executors")
     for column in ("id", "model", "state", "batches", "tasks", "mean batch", "L2", "in-flight"):
         executors.add_column(column)
@@ -56,6 +55,24 @@ def render(client: redis.Redis, console: Console | None = None) -> dict:
         queues.add_column(column)
     for q in data["queues"]:
         queues.add_row(q["model"], q["queue"], str(q["l1"]))
-    console.print(executors)
-    console.print(queues)
+    return Group(executors, queues)
+
+
+def render(client: redis.Redis, console: Console | None = None) -> dict:
+    console = console or Console()
+    data = snapshot(client)
+    console.print(tables(data))
     return data
+
+
+def watch_live(client: redis.Redis, interval_s: float = 1.0) -> None:
+    """Redraw the tables every interval_s until Ctrl-C."""
+    import time
+
+    with Live(tables(snapshot(client)), refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval_s)  # the refresh interval
+                live.update(tables(snapshot(client)))
+        except KeyboardInterrupt:
+            pass

@@ -72,8 +72,11 @@ class Processes:
         wait_until(ready, 60, f"worker {name} to come up")
         return process
 
-    def coordinator(self) -> subprocess.Popen:
-        process = spawn(["coordinator"], self.settings, self.logs / "coordinator.log")
+    def coordinator(self, metrics_port: int = 0) -> subprocess.Popen:
+        args = (
+            ["coordinator", f"--metrics-port={metrics_port}"] if metrics_port else ["coordinator"]
+        )
+        process = spawn(args, self.settings, self.logs / "coordinator.log")
         self.started.append(process)
         return process
 
