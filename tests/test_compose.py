@@ -1,0 +1,72 @@
+"""The compose deployment, checked by parsing it (Docker cannot run here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+COMPOSE = Path(__file__).parent.parent / "compose"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+
+
+def test_services_are_all_there(compose):
+    assert set(compose["services"]) == {"redis", "coordinator", "worker", "flower", "producer"}
+
+
+def test_redis_keeps_data_and_never_evicts(compose):
+    command = " ".join(compose["services"]["redis"]["command"])
+    assert "--appendonly yes" in command
+    assert "--maxmemory-policy noeviction" in command
+    assert compose["services"]["redis"]["volumes"] == ["redis-data:/data"]
+
+
+def test_workers_reserve_a_gpu_each_and_can_scale(compose):
+    worker = compose["services"]["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert device["count"] == 1
+    assert "container_name" not in worker and "ports" not in worker  # --scale worker=N works
+    assert worker["stop_signal"] == "SIGTERM"
+
+
+def test_every_tandem_service_shares_the_env_file(compose):
+    env = dict(
+        line.split("=", 1)
+        for line in (COMPOSE / "tandem.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert env["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
+    for name in ("coordinator", "worker", "flower", "producer"):
+        assert compose["services"][name]["env_file"] == "tandem.env"
+        assert compose["services"][name]["build"]["dockerfile"] == "compose/Dockerfile"
+    assert (COMPOSE / "Dockerfile").exists()
+
+
+@pytest.mark.parametrize("service", ["coordinator", "worker", "flower", "producer"])
+def test_each_command_exists(compose, service):
+    command = compose["services"][service]["command"]
+    if command[0] == "tandem":
+        argv = ["tandem", command[1], "--help"]
+    else:
+        argv = [sys.executable, "-m", "celery", "flower", "--help"]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FLOWER_UNAUTHENTICATED_API": "true"},
+    )
+    assert done.returncode == 0, done.stderr
+    if command[0] != "tandem":
+        return  # Flower's own options are Tornado's and not listed by --help
+    for flag in [part.split("=")[0] for part in command[2:] if part.startswith("--")]:
+        assert flag in done.stdout, f"{service}: {flag} is not an option"
