@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from broker import payload
 from broker.errors import BadInput, ModelError, ModelLoadError
 from broker.table import Table
+from helpers import plain_celery
 from producers.client import Client
 from workers.models.repository import RepoModel, Repository, check
 from workers.models.spec import load_config
@@ -201,12 +202,8 @@ def test_binary_payloads_through_celery_and_the_client(processes, settings):
     with Client(settings=settings) as client:
         result = client.submit("cnn:1", image)  # a tensor, so the binary payload
         assert result.get(timeout=20) == pytest.approx(expected, abs=1e-6)
-    from celery import Celery
-
     payload.register()
-    app = Celery("plain", broker=settings.redis_url, backend=settings.redis_url)
-    app.conf.update(result_serializer="json", accept_content=["json"])
-    sent = app.send_task(
+    sent = plain_celery(settings).send_task(
         "tandem.infer",
         kwargs={"model": "cnn:1", "inputs": image.numpy()},
         queue="tandem.l1.cnn.1",
