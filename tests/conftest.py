@@ -13,13 +13,15 @@ from broker.server import RedisServer
 from broker.settings import Settings, load_settings
 from broker.stack import spawn, stop_process
 from broker.table import Table
-from helpers import wait_until
+from helpers import PLAIN_APPS, quiet, wait_until
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
+    for app in PLAIN_APPS:
+        quiet(app)
     server.stop()
 
 

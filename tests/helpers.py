@@ -31,6 +31,10 @@ def executors_of(r: redis.Redis, worker: str) -> list[ExecutorInfo]:
     return [e for e in Table(r).executors() if e.worker == f"{worker}@test"]
 
 
+#: Every plain Celery app the tests made, so the session can quiet them before Redis stops.
+PLAIN_APPS: list[Celery] = []
+
+
 def plain_celery(settings) -> Celery:
     """A Celery client that knows only the task name, the kwargs and the queue name."""
     app = Celery("plain", broker=settings.redis_url, backend=settings.redis_url)
@@ -41,4 +45,13 @@ def plain_celery(settings) -> Celery:
         # Results collected after the test Redis stopped must not retry for ever.
         result_backend_transport_options={"retry_policy": {"max_retries": 0}},
     )
+    PLAIN_APPS.append(app)
     return app
+
+
+def quiet(app: Celery) -> None:
+    """Stop an app's result listener, so results collected later need no Redis."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+        consumer.stop()
+        consumer._pubsub = None
