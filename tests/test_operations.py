@@ -140,15 +140,7 @@ def test_metrics_move_under_load(processes, settings, r):
         assert value(during, "tandem_executors", model="sim:1", state="WORKING") == 1
         for res in results:
             res.get(timeout=30)
-    after = wait_until(
-        lambda: (
-            (s := scrape(port))
-            and value(s, "tandem_tasks_finished_total", model="sim:1", outcome="SUCCESS") == 100
-            and s
-        ),
-        10,
-        "the outcomes counted",
-    )
+    after = scrape_until(port, 100, "tandem_tasks_finished_total", model="sim:1", outcome="SUCCESS")
     assert value(after, "tandem_tasks_routed_total", model="sim:1", route="L2") == 1
     assert value(after, "tandem_tasks_routed_total", model="sim:1", route="L1") == 99
     assert value(after, "tandem_l1_depth", model="sim:1") == 0
@@ -159,6 +151,16 @@ def test_metrics_move_under_load(processes, settings, r):
     assert value(after, "tandem_latency_ms_count", model="sim:1") == 100
     assert value(after, "tandem_queue_wait_ms_sum", model="sim:1") > 0
     assert value(after, "tandem_compute_ms_sum", model="sim:1") >= 200
+
+
+def scrape_until(port: int, expected: float, name: str, **labels) -> dict:
+    """Scrape until the sample `name{labels}` reaches `expected`; return that scrape."""
+
+    def reached() -> dict | None:
+        samples = scrape(port)
+        return samples if value(samples, name, **labels) == expected else None
+
+    return wait_until(reached, 10, f"{name}{labels} == {expected}")
 
 
 def _scrapes(port: int) -> bool:
@@ -177,15 +179,7 @@ def test_failures_are_counted_by_reason(processes, settings):
         for res in client.submit_many("tiny:1", [[1.0], [2.0], [1.0] * 8]):
             with contextlib.suppress(BadInput):  # the two bad ones fail, as they should
                 res.get(timeout=10)
-    samples = wait_until(
-        lambda: (
-            (s := scrape(port))
-            and value(s, "tandem_task_failures_total", model="tiny:1", reason="BadInput") == 2
-            and s
-        ),
-        10,
-        "failures by reason",
-    )
+    samples = scrape_until(port, 2, "tandem_task_failures_total", model="tiny:1", reason="BadInput")
     assert value(samples, "tandem_tasks_finished_total", model="tiny:1", outcome="SUCCESS") == 1
 
 
