@@ -149,7 +149,8 @@ def up(workers, **flags) -> None:
         f"tandem up on {stack.url}: {workers} workers serving "
         f"{', '.join(settings.models)}; logs in .tandem/logs. Ctrl-C stops."
     )
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal stops the stack too
+        signal.signal(sig, signal.default_int_handler)
     try:
         while all(p.poll() is None for p in stack.processes):
             time.sleep(0.5)  # idle until Ctrl-C, SIGTERM or a child exits
