@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 from pathlib import Path
@@ -22,6 +23,8 @@ def redis_server(tmp_path_factory):
     yield server
     for app in PLAIN_APPS:
         quiet(app)
+    # Results unsubscribe when collected; collect them while Redis still answers.
+    gc.collect()
     server.stop()
 
 
@@ -98,3 +101,4 @@ def processes(settings, r, tmp_path):
     procs = Processes(settings, r, tmp_path / "logs")
     yield procs
     procs.stop_all()
+    gc.collect()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -105,6 +106,7 @@ def _gone_seen(pubsub, executor_id: str) -> bool:
 def durable_redis(tmp_path):
     server = RedisServer(tmp_path / "durable", appendfsync="always").start()
     yield server
+    gc.collect()  # results unsubscribe when collected, while this Redis still answers
     server.stop()
 
 

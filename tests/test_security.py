@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import subprocess
 from pathlib import Path
@@ -86,6 +87,7 @@ def tls_server(tmp_path):
             except RuntimeError:
                 continue
             yield server
+            gc.collect()  # results unsubscribe when collected, while this Redis still answers
             server.stop()
             return
     pytest.skip("no TLS-capable redis-server here (.ci/run installs Debian's)")
