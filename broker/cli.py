@@ -118,7 +118,8 @@ def status(redis_url, as_json, watch, interval) -> None:
     from broker.status import render, snapshot, watch_live
 
     settings = load_settings(redis_url=redis_url)
-    client = redis.Redis.from_url(settings.redis_url, client_name="tandem-status")
+    name = "tandem-status-watch" if watch else "tandem-status"
+    client = redis.Redis.from_url(settings.redis_url, client_name=name)
     if as_json:
         click.echo(json.dumps(snapshot(client), indent=2))
     elif watch:

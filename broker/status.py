@@ -69,10 +69,10 @@ def watch_live(client: redis.Redis, interval_s: float = 1.0) -> None:
     """Redraw the tables every interval_s until Ctrl-C."""
     import time
 
-    with Live(tables(snapshot(client)), refresh_per_second=4) as live:
-        try:
+    try:
+        with Live(tables(snapshot(client)), refresh_per_second=4) as live:
             while True:
                 time.sleep(interval_s)  # the refresh interval
                 live.update(tables(snapshot(client)))
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass

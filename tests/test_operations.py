@@ -212,7 +212,11 @@ def _watched(settings) -> bool:
     import redis
 
     client = redis.Redis.from_url(settings.redis_url)
-    return any(c.get("name") == "tandem-status" for c in client.client_list())
+    # Connected for a second or more: the first frame is drawn and refreshes are running.
+    return any(
+        c.get("name") == "tandem-status-watch" and int(c.get("age", 0)) >= 1
+        for c in client.client_list()
+    )
 
 
 def test_a_new_worker_takes_the_l1_backlog_at_once(processes, settings, r):
