@@ -107,7 +107,16 @@ class Executor:
         self._thread.join(timeout_s)
         self._slot.put(None)
         self._returner.join(timeout_s)
-        moved = self.table.reclaim(self.id, self.model_ref, force=True)
+        try:
+            moved = self.table.reclaim(self.id, self.model_ref, force=True)
+        except redis.RedisError as e:
+            log.warning(
+                "executor %s stopped without Redis (%s); the coordinator will hand "
+                "its tasks back once its heartbeat lapses",
+                self.id,
+                e,
+            )
+            return
         log.info("executor %s stopped; handed %d queued tasks back to L1", self.id, moved)
 
     def _register(self) -> None:
