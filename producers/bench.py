@@ -25,7 +25,7 @@ from broker.settings import Settings
 from broker.stack import spawn, stop_process, wait_for_executors
 from producers import baselines
 from producers.client import Client
-from producers.load import ResultWatcher
+from producers.load import ResultWatcher, percentile
 from producers.samples import sampler
 
 WARMUP_TASKS = 20
@@ -169,13 +169,6 @@ def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -
             due[task_id] = start + schedule[k]
         i = j
     return due
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def run_point(

@@ -110,11 +110,7 @@ class Client:
         return results
 
     def close(self) -> None:
-        # Stop Celery's result listener; results garbage-collected later then need no Redis.
-        consumer = getattr(self.app.backend, "result_consumer", None)
-        if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
-            consumer.stop()
-            consumer._pubsub = None
+        stop_result_listener(self.app)
         self.redis.close()
         self.app.close()
 
@@ -178,3 +174,11 @@ def _holds_tensors(inputs: Any) -> bool:
     """True if inputs, or a value of an inputs dict, is a torch tensor or a numpy array."""
     values = inputs.values() if isinstance(inputs, dict) else (inputs,)
     return any(hasattr(v, "dtype") and hasattr(v, "shape") for v in values)
+
+
+def stop_result_listener(app: Any) -> None:
+    """Stop this thread's Celery result listener, so results collected later need no Redis."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
+        consumer.stop()
+        consumer._pubsub = None

@@ -58,6 +58,14 @@ class ResultWatcher:
         self.pubsub.close()
 
 
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
 @dataclass
 class LoadReport:
     rate: float
@@ -70,10 +78,7 @@ class LoadReport:
     elapsed_s: float = 0.0
 
     def percentile(self, p: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+        return percentile(self.latencies_ms, p)
 
     @property
     def achieved_rps(self) -> float:

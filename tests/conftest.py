@@ -14,7 +14,8 @@ from broker.server import RedisServer
 from broker.settings import Settings, load_settings
 from broker.stack import spawn, stop_process
 from broker.table import Table
-from helpers import PLAIN_APPS, quiet, wait_until
+from helpers import PLAIN_APPS, wait_until
+from producers.client import stop_result_listener
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +23,7 @@ def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     for app in PLAIN_APPS:
-        quiet(app)
+        stop_result_listener(app)
     # Results unsubscribe when collected; collect them while Redis still answers.
     gc.collect()
     server.stop()

@@ -47,11 +47,3 @@ def plain_celery(settings) -> Celery:
     )
     PLAIN_APPS.append(app)
     return app
-
-
-def quiet(app: Celery) -> None:
-    """Stop an app's result listener, so results collected later need no Redis."""
-    consumer = getattr(app.backend, "result_consumer", None)
-    if consumer is not None and getattr(consumer, "_pubsub", None) is not None:
-        consumer.stop()
-        consumer._pubsub = None
