@@ -11,7 +11,13 @@ import time
 import click
 
 from broker.errors import TandemError
-from broker.settings import load_settings
+from broker.settings import STACK_FILE, load_settings
+
+
+def _settings(**flags):
+    """Settings for a command that joins a stack: --redis, TANDEM_REDIS_URL, else the
+    Redis of a `tandem up` running in this folder (its .tandem/stack.json), else localhost."""
+    return load_settings(stack_file=STACK_FILE, **flags)
 
 
 def _redis_option(f):
@@ -46,13 +52,13 @@ def main() -> None:
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
 @click.option("--device", help="auto, cpu or cuda:N.")
-@click.option("--hostname", help="Celery node name (default celery@<host>).")
+@click.option("--hostname", help="Celery node name (default: MODEL-PID@<host>).")
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def worker(**flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""
     from workers.bootstep import run_worker
 
-    settings = load_settings(**flags)
+    settings = _settings(**flags)
     _logging(settings.loglevel)
     run_worker(settings)
 
@@ -71,7 +77,7 @@ def coordinator(**flags) -> None:
     """Expire dead executors, reclaim their tasks, publish state changes."""
     from broker.coordinator import serve
 
-    settings = load_settings(**flags)
+    settings = _settings(**flags)
     _logging(settings.loglevel)
     serve(settings)
 
@@ -91,7 +97,7 @@ def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> No
         inputs = json.loads(inputs_json)
     except ValueError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="INPUTS_JSON") from e
-    with Client(redis_url) as client:
+    with Client(settings=_settings(redis_url=redis_url)) as client:
         result = client.submit(model, inputs, priority=priority, deadline_s=deadline_s)
         value = result.get(timeout=timeout_s)
     click.echo(
@@ -117,7 +123,7 @@ def status(redis_url, as_json, watch, interval) -> None:
 
     from broker.status import render, snapshot, watch_live
 
-    settings = load_settings(redis_url=redis_url)
+    settings = _settings(redis_url=redis_url)
     name = "tandem-status-watch" if watch else "tandem-status"
     client = redis.Redis.from_url(settings.redis_url, client_name=name)
     if as_json:
@@ -126,6 +132,31 @@ def status(redis_url, as_json, watch, interval) -> None:
         watch_live(client, interval)
     else:
         render(client)
+
+
+@main.command()
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+@click.option("--device", help="Load on this device instead of each config's own.")
+def models(directory, device) -> None:
+    """List and check the models of a repository (default: the shipped examples)."""
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    from workers.models.repository import Repository, check
+
+    repository = Repository(directory)
+    rows = check(repository, device)
+    columns = ("model", "artifact", "inputs", "outputs", "batch", "status")
+    table = RichTable(title=f"models in {repository.root}")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    Console(width=160).print(table)
+    if not rows:
+        raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
+    if any(row["status"] != "ok" for row in rows):
+        sys.exit(1)
 
 
 def _stack_options(f):
@@ -145,22 +176,31 @@ def up(workers, **flags) -> None:
 
     settings = load_settings(**flags)
     _logging("INFO")
-    stack = Stack(settings, workers=workers, embedded=flags["redis_url"] is None).start()
+    embedded = flags["redis_url"] is None
+    stack = Stack(settings, workers=workers, embedded=embedded).start()
+    found = (
+        f"tandem commands run in this folder use it ({STACK_FILE})"
+        if embedded
+        else "give other tandem commands the same --redis or TANDEM_REDIS_URL"
+    )
     click.echo(
         f"tandem up on {stack.url}: {workers} workers serving "
-        f"{', '.join(settings.models)}; logs in .tandem/logs. Ctrl-C stops."
+        f"{', '.join(settings.models)}; logs in {stack.data_dir / 'logs'}; {found}. "
+        "Ctrl-C stops."
     )
     for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal stops the stack too
         signal.signal(sig, signal.default_int_handler)
+    exited = None
     try:
-        while all(p.poll() is None for p in stack.processes):
+        while (exited := stack.exited()) is None:
             time.sleep(0.5)  # idle until Ctrl-C, SIGTERM or a child exits
-        click.echo("a child process exited; see .tandem/logs", err=True)
     except KeyboardInterrupt:
         pass
     finally:
         click.echo("stopping ...")
         stack.stop()
+    if exited:
+        raise exited
 
 
 @main.command()
@@ -208,6 +248,11 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
 def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path, plot_path):
     """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
+    from broker.extras import require
+
+    require("bench", "tandem bench")
+    if profile == "embed":
+        require("embed", "tandem bench --profile embed")
     from producers.bench import PROFILES, SYSTEMS, run_bench
 
     chosen = PROFILES[profile]

@@ -33,3 +33,11 @@ class ModelError(TandemError):
 
 class ModelLoadError(TandemError):
     """A model in the repository cannot be loaded; the message names the file."""
+
+
+class ProcessExited(TandemError):
+    """A process tandem started (a worker, the coordinator) exited; the message has its log."""
+
+
+class MissingExtra(TandemError):
+    """A command needs an optional extra that is not installed; the message says how to."""

@@ -6,17 +6,20 @@ Each part runs as its own process, started exactly as an operator would start it
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
+from broker.errors import ProcessExited, TandemError
 from broker.server import RedisServer
-from broker.settings import Settings
+from broker.settings import STACK_FILE, Settings, stack_url
 from broker.table import Table
 
 
@@ -31,15 +34,54 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, or a note that it is missing."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+
+
+class Child(subprocess.Popen):
+    """A process started by spawn(): a Popen that knows its name and its log file."""
+
+    def __init__(self, args: list[str], *, name: str, log_path: Path, **kwargs) -> None:
+        super().__init__(args, **kwargs)
+        self.name = name
+        self.log_path = log_path
+
+    def exited(self) -> ProcessExited | None:
+        """If the process has exited: an error naming it, with its exit code and log tail."""
+        code = self.poll()
+        if code is None:
+            return None
+        return ProcessExited(
+            f"{self.name} exited with code {code}; the last lines of its log "
+            f"{self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def check(self) -> None:
+        """Raise ProcessExited if the process has exited."""
+        if error := self.exited():
+            raise error
+
+
 def spawn(
-    args: list[str], settings: Settings, log_path: Path, module: str = "broker.cli"
-) -> subprocess.Popen:
+    args: list[str],
+    settings: Settings,
+    log_path: Path,
+    module: str = "broker.cli",
+    name: str | None = None,
+) -> Child:
     """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings_env(settings)}
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        return Child(
             [sys.executable, "-m", module, *args],
+            name=name or log_path.stem,
+            log_path=log_path,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -59,18 +101,22 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 30.0) -> int:
 
 
 def wait_for_executors(
-    client: redis.Redis, count: int, timeout_s: float = 60.0, processes: list[subprocess.Popen] = ()
+    client: redis.Redis, count: int, timeout_s: float = 60.0, processes: Sequence[Child] = ()
 ) -> None:
-    """Block until `count` executors are registered and IDLE."""
+    """Block until `count` executors are registered and IDLE.
+
+    Raises ProcessExited as soon as one of `processes` exits, TandemError at the deadline.
+    """
     table = Table(client)
     deadline = time.monotonic() + timeout_s
     while True:
         ready = [e for e in table.executors() if e.state == "IDLE"]
         if len(ready) >= count:
             return
-        dead = [p.args for p in processes if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"{len(ready)} of {count} executors came up; exited: {dead}")
+        for process in processes:
+            process.check()
+        if time.monotonic() > deadline:
+            raise TandemError(f"{len(ready)} of {count} executors came up in {timeout_s:g}s")
         time.sleep(0.05)  # polling a condition, bounded by the deadline
 
 
@@ -83,23 +129,34 @@ class Stack:
         *,
         workers: int = 2,
         embedded: bool = True,
-        data_dir: str | Path = ".tandem",
+        data_dir: str | Path = STACK_FILE.parent,
     ) -> None:
         self.settings = settings
         self.workers = workers
         self.embedded = embedded
         self.data_dir = Path(data_dir)
         self.server: RedisServer | None = None
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[Child] = []
 
     @property
     def url(self) -> str:
         return self.settings.redis_url
 
+    @property
+    def stack_file(self) -> Path:
+        """Where the URL is written for the commands that follow (settings.STACK_FILE)."""
+        return self.data_dir / "stack.json"
+
     def start(self, timeout_s: float = 60.0) -> Stack:
         if self.embedded:
+            if running := stack_url(self.stack_file):
+                raise TandemError(
+                    f"a tandem up is already running in this folder, on {running}; "
+                    "stop it first, or point this command at it with --redis"
+                )
             self.server = RedisServer(self.data_dir / "redis").start()
             self.settings = self.settings.replace(redis_url=self.server.url)
+            self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
         logs = self.data_dir / "logs"
         self.processes.append(spawn(["coordinator"], self.settings, logs / "coordinator.log"))
         for n in range(self.workers):
@@ -122,7 +179,17 @@ class Stack:
             stop_process(process)
         self.processes.clear()
         if self.server:
+            self.stack_file.unlink(missing_ok=True)
             self.server.stop()
+
+    def exited(self) -> ProcessExited | None:
+        """The first of the stack's processes that has exited, as an error, or None."""
+        return next((e for p in self.processes if (e := p.exited())), None)
+
+    def check(self) -> None:
+        """Raise ProcessExited if one of the stack's processes has exited."""
+        if error := self.exited():
+            raise error
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.errors import ProcessExited
 from broker.server import RedisServer
 from broker.settings import Settings
-from broker.stack import spawn, stop_process, wait_for_executors
+from broker.stack import Child, spawn, stop_process, wait_for_executors
 from producers import baselines
 from producers.client import Client
 from producers.load import ResultWatcher, percentile
@@ -71,7 +73,17 @@ class Running:
         self.server = RedisServer(folder / "redis").start()
         self.settings = settings.replace(redis_url=self.server.url)
         self.redis = redis.Redis.from_url(self.server.url)
-        self.processes = []
+        self.processes: list[Child] = []
+        self.client: Client | None = None
+        self.app = None
+        try:
+            self._start(workers, folder)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, workers: int, folder: Path) -> None:
+        system = self.system
         for n in range(workers):
             worker = self.settings.replace(hostname=f"{system.kind}{n + 1}@bench")
             log = folder / "logs" / f"{system.kind}{n + 1}.log"
@@ -92,6 +104,11 @@ class Running:
 
             self.app = Celery("bench-producer", broker=self.server.url, backend=self.server.url)
             self.app.conf.update(task_serializer="json", accept_content=["json"])
+
+    def check(self) -> None:
+        """Raise ProcessExited, with its log tail, if a worker of this point has exited."""
+        for process in self.processes:
+            process.check()
 
     def submit(self, batch: list[Any]) -> list[str]:
         if self.system.kind == "tandem":
@@ -132,10 +149,9 @@ class Running:
 
     def close(self) -> None:
         self.stop_workers()
-        if self.system.kind == "tandem":
-            self.client.close()
-        else:
-            self.app.close()
+        for client in (self.client, self.app):
+            if client is not None:
+                client.close()
         self.redis.close()
         self.server.stop()
 
@@ -156,6 +172,7 @@ def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -
     start = time.perf_counter()
     i = 0
     while i < len(schedule):
+        running.check()
         now = time.perf_counter() - start
         if schedule[i] > now:
             time.sleep(schedule[i] - now)  # pacing the open-loop arrivals
@@ -182,22 +199,28 @@ def run_point(
     seed: int = 1,
 ) -> dict[str, Any]:
     make = sampler(settings.models[0], settings.repository)
-    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as folder:
-        running = Running(system, settings, workers, Path(folder))
+    folder = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
+    try:
+        running = Running(system, settings, workers, folder)
+        watcher = ResultWatcher(running.redis)
         try:
-            watcher = ResultWatcher(running.redis)
             warm = running.submit([make(n) for n in range(WARMUP_TASKS)])
-            watcher.wait(warm, 60)
+            watcher.wait(warm, 60, running.check)
             tasks0, batches0 = running.counters()
             due = drive(running, arrivals(rate, seconds, seed), make)
             send_end = max(due.values(), default=time.perf_counter())
-            watcher.wait(list(due), drain_s)
+            watcher.wait(list(due), drain_s, running.check)
             tasks1, batches1 = running.counters()
             running.stop_workers()
             queued = running.queued()
-            watcher.close()
         finally:
+            watcher.close()
             running.close()
+    except ProcessExited as e:
+        raise ProcessExited(
+            f"bench point {system.name} at {rate:g}/s aborted (its files are kept in {folder}): {e}"
+        ) from e
+    shutil.rmtree(folder, ignore_errors=True)
     arrived = {t: watcher.arrived[t] for t in due if t in watcher.arrived}
     latencies = [(at - due[t]) * 1000 for t, (at, _status) in arrived.items()]
     in_time = sum(1 for at, _ in arrived.values() if at <= send_end)

@@ -37,7 +37,15 @@ def run_demo(
             make_inputs = sampler(model, settings.repository)
             for rate, seconds in phases:
                 console.print(f"Poisson load: {rate:g} tasks/s for {seconds:g}s ...")
-                report = poisson(client, watcher, model, rate, seconds, make_inputs=make_inputs)
+                report = poisson(
+                    client,
+                    watcher,
+                    model,
+                    rate,
+                    seconds,
+                    make_inputs=make_inputs,
+                    check=stack.check,
+                )
                 rows.append(summary(report))
         finally:
             watcher.close()

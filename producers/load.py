@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +42,13 @@ class ResultWatcher:
                 self.arrived.setdefault(task_id, (now, status))
                 self._lock.notify_all()
 
-    def wait(self, task_ids: list[str], timeout_s: float) -> int:
-        """Wait until all task_ids arrived or the timeout passed. Returns how many arrived."""
+    def wait(
+        self, task_ids: list[str], timeout_s: float, check: Callable[[], None] | None = None
+    ) -> int:
+        """Wait until all task_ids arrived or the timeout passed. Returns how many arrived.
+
+        check: called about every 100 ms while waiting; it raises to abort the wait.
+        """
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
@@ -50,7 +56,9 @@ class ResultWatcher:
                 left = deadline - time.monotonic()
                 if done == len(task_ids) or left <= 0:
                     return done
-                self._lock.wait(left)
+                if check:
+                    check()
+                self._lock.wait(min(left, 0.1))
 
     def close(self) -> None:
         self._stop.set()
@@ -100,8 +108,12 @@ def poisson(
     make_inputs=lambda n: [n],
     seed: int = 0,
     drain_s: float = 30.0,
+    check: Callable[[], None] = lambda: None,
 ) -> LoadReport:
-    """Submit at Poisson arrivals of `rate` per second for duration_s, then wait for results."""
+    """Submit at Poisson arrivals of `rate` per second for duration_s, then wait for results.
+
+    check: called before each submit and while waiting; it raises to abort the load.
+    """
     rng = random.Random(seed)
     report = LoadReport(rate=rate)
     tasks0, batches0 = batch_counters(client, model)
@@ -109,6 +121,7 @@ def poisson(
     start = time.perf_counter()
     next_at = start
     while next_at - start < duration_s:
+        check()
         delay = next_at - time.perf_counter()
         if delay > 0:
             time.sleep(delay)  # pacing the open-loop arrivals
@@ -118,7 +131,7 @@ def poisson(
         report.routes[result.route] += 1
         next_at += rng.expovariate(rate)
     report.sent = len(sent_at)
-    watcher.wait(list(sent_at), drain_s)
+    watcher.wait(list(sent_at), drain_s, check)
     last = start
     for task_id, t0 in sent_at.items():
         arrival = watcher.arrived.get(task_id)

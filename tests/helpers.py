@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import redis
@@ -47,3 +50,52 @@ def plain_celery(settings) -> Celery:
     )
     PLAIN_APPS.append(app)
     return app
+
+
+def tandem(
+    *args: str,
+    redis_url: str | None = None,
+    timeout: float = 60,
+    cwd=None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run the `tandem` command as a user would, with no TANDEM_* settings but the URL."""
+    env = {k: v for k, v in (env or os.environ).items() if not k.startswith("TANDEM_")}
+    if redis_url:
+        env["TANDEM_REDIS_URL"] = redis_url
+    return subprocess.run(
+        ["tandem", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
+
+
+_HIDE = """\
+import sys
+
+HIDDEN = {hidden!r}
+
+
+class Hide:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HIDDEN:
+            return None
+        return self.inner.find_spec(name, path, target)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+sys.meta_path[:] = [Hide(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+"""
+
+
+def hide_modules(folder: Path, *names: str) -> dict[str, str]:
+    """An environment in which Python cannot find these top-level modules, as if the
+    extra that brings them were not installed (a sitecustomize on PYTHONPATH)."""
+    site = folder / "hide-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_HIDE.format(hidden=set(names)))
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}

@@ -11,17 +11,8 @@ import subprocess
 import redis
 
 from broker.table import Table
-from helpers import wait_until
+from helpers import tandem, wait_until
 from producers.client import Client
-
-
-def tandem(*args: str, redis_url: str | None = None, timeout: float = 60, cwd=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    if redis_url:
-        env["TANDEM_REDIS_URL"] = redis_url
-    return subprocess.run(
-        ["tandem", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
-    )
 
 
 def test_submit_prints_the_result(processes, settings):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import redis
@@ -98,6 +99,15 @@ def run_worker(settings: Settings) -> None:
         "--without-mingle",
         "--without-gossip",
     ]
-    if settings.hostname:
-        argv.append(f"--hostname={settings.hostname}")
+    argv.append(f"--hostname={settings.hostname or default_node_name(settings.models)}")
     app.worker_main(argv)
+
+
+def default_node_name(models: tuple[str, ...]) -> str:
+    """A node name unique on its host and readable in Flower: ``sim.1-4242@<host>``.
+
+    Celery's own default, ``celery@<host>``, is the same for every worker on a host, so
+    Flower would merge them into one and Celery warns about duplicate nodes.
+    """
+    served = "+".join(m.replace(":", ".") for m in models) or "tandem"
+    return f"{served}-{os.getpid()}@%h"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from broker.errors import BadInput
+from broker.extras import require
 from workers.models.spec import ModelConfig, TensorSpec
 
 Item = dict[str, torch.Tensor]
@@ -34,6 +35,7 @@ class Collator:
 
     @cached_property
     def tokenizers(self) -> dict[str, Any]:
+        require("embed", f"the tokenizer inputs of {self.config.directory}")
         from tokenizers import Tokenizer
 
         loaded = {}

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from broker.errors import ModelLoadError
+from broker.extras import extra_of, install_hint
 from broker.keys import version_key
 from workers.models.collate import Batch, Collator, Item
 from workers.models.spec import ModelConfig, load_config
@@ -136,8 +137,11 @@ def _from_factory(config: ModelConfig) -> torch.nn.Module:
     try:
         build = getattr(importlib.import_module(module_name), function)
     except (ImportError, AttributeError) as e:
+        missing = getattr(e, "name", None) or ""
+        hint = f"; install it with {install_hint(extra)}" if (extra := extra_of(missing)) else ""
         raise ModelLoadError(
             f"{config.directory / 'config.json'}: factory {artifact.factory!r} not found: {e}"
+            + hint
         ) from e
     module = build(config)
     if artifact.weights:

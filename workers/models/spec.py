@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ModelLoadError
+from broker.extras import extra_of, install_hint
 from broker.payload import DTYPES
 
 MASKS = (None, "attention_mask", "lengths")
@@ -88,7 +89,9 @@ def resolve(value: str, directory: Path) -> Path:
         package, _, rest = value.removeprefix("pkg:").partition("/")
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(f"package {package!r} is not installed")
+            extra = extra_of(package)
+            hint = f"; install it with {install_hint(extra)}" if extra else ""
+            raise FileNotFoundError(f"package {package!r} is not installed{hint}")
         return Path(next(iter(spec.submodule_search_locations))) / rest
     path = (directory / value).resolve()
     if directory.resolve() not in path.parents:

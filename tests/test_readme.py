@@ -1,0 +1,117 @@
+"""The README tells the truth: every command and flag it names exists, its blocks run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from broker.cli import main
+from helpers import tandem
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+#: Commands a README block may show that can run against the test stack and return.
+RUNNABLE = {"submit", "status", "models"}
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)
+
+
+def block_commands(text: str) -> list[list[str]]:
+    """Each `tandem ...` command in the bash blocks, as argv, comments and prompts dropped."""
+    out = []
+    for block in code_blocks(text):
+        for line in block.splitlines():
+            line = line.split(" #")[0].strip()
+            for part in re.split(r"&&|;|\|", line):
+                words = shlex.split(part.strip().removesuffix("&"))
+                if words[:1] == ["tandem"]:
+                    out.append(words)
+    return out
+
+
+def named_commands(text: str) -> dict[str, set[str]]:
+    """Subcommand -> flags, from the command table, the bash blocks and inline code."""
+    named: dict[str, set[str]] = {}
+    for row in re.findall(r"^\| `tandem (\w+)[^|]*\|.*$", text, flags=re.M):
+        named.setdefault(row, set())
+    for line in re.findall(r"^\| `tandem \w+.*$", text, flags=re.M):
+        sub = line.split()[2].strip("`")
+        named[sub] |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line))
+    spans = re.findall(r"`(tandem [^`]+)`", text)
+    for words in [s.split() for s in spans] + block_commands(text):
+        if len(words) > 1 and not words[1].startswith("-"):
+            named.setdefault(words[1], set()).update(w for w in words if w.startswith("--"))
+    return named
+
+
+def test_the_readme_names_every_command_it_has():
+    named = named_commands(README)
+    assert {"up", "demo", "worker", "coordinator", "submit", "status", "models", "bench"} <= set(
+        named
+    )
+    assert set(named) == set(main.commands), "README and CLI disagree on the commands"
+
+
+@pytest.mark.parametrize("sub", sorted(named_commands(README)))
+def test_every_command_and_flag_the_readme_names_exists(sub):
+    flags = named_commands(README)[sub]
+    assert sub in main.commands, f"the README names `tandem {sub}`, which does not exist"
+    command = main.commands[sub]
+    known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    assert flags <= known, f"`tandem {sub}` has no {sorted(flags - known)}"
+    done = CliRunner().invoke(main, [sub, "--help"])
+    assert done.exit_code == 0, done.output
+
+
+def test_the_installed_command_answers_help():
+    done = subprocess.run(["tandem", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for sub in main.commands:
+        assert sub in done.stdout
+
+
+def test_the_readme_blocks_run_against_a_stack(processes, settings):
+    processes.worker("w1")
+    runnable = [w for w in block_commands(README) if w[1] in RUNNABLE and "--watch" not in w]
+    assert ["tandem", "submit", "sim:1", "[1, 2]"] in runnable
+    for words in runnable:
+        done = tandem(*words[1:], redis_url=settings.redis_url, timeout=120)
+        assert done.returncode == 0, f"{shlex.join(words)}: {done.stderr}"
+        if words[1] == "submit":
+            assert json.loads(done.stdout)["result"] == json.loads(words[3])
+
+
+def test_the_readme_opens_with_the_two_commands_ci_runs():
+    first = code_blocks(README)[0]
+    lines = [ln for ln in first.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert lines == [
+        "pip install torch==2.13.0 -e . && tandem demo",
+        "pip install torch==2.13.0 -e '.[test,embed,bench]' && pytest",
+    ]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "readme_command 1" in ci and "readme_command 2" in ci
+
+
+def test_every_link_in_the_repository_docs_stays_inside_it():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    texts = [p for p in tracked if p.endswith((".md", ".py", ".toml", ".yml", ".yaml", ".lua"))]
+    for path in texts:
+        text = (ROOT / path).read_text()
+        for outside in ("../" + "shared", "shared/" + "DESIGN", "shared/" + "STYLE"):
+            assert outside not in text, f"{path} points outside the repository: {outside}"
+        if path.endswith(".md"):
+            for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):
+                if not re.match(r"[a-z]+://", target):
+                    resolved = (ROOT / path).parent / target
+                    assert resolved.exists(), f"{path} links to missing {target}"
+                    assert ROOT in resolved.resolve().parents or resolved.resolve() == ROOT
