@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
-
-import msgpack
 
 from broker import payload
 from broker.errors import BadInput, DeadlineExceeded, TandemError
@@ -106,54 +105,142 @@ def encode(
 
 
 def decode(raw: bytes, *, max_bytes: int) -> Task:
-    """Decode one envelope. Never raises: a bad message comes back with `error` set."""
+    """Decode one envelope. Never raises: a bad message comes back with `error` set.
+
+    Sizes are checked before parsing; a message with a usable id keeps it, so that it
+    gets its own FAILURE. One without goes to the dead letters.
+    """
     task = Task(raw=raw)
     try:
-        envelope = json.loads(raw)
-        headers = envelope["headers"]
-        task.id = str(headers["id"])
-    except (ValueError, KeyError, TypeError):
-        task.error = BadInput("malformed message: not a Celery protocol-2 envelope")
-        return task
-    try:
-        _decode_body(task, envelope, headers, max_bytes)
+        if len(raw) > max_bytes:
+            task.id = _scan_id(raw)
+            raise BadInput(f"message of {len(raw)} bytes is over the {max_bytes}-byte limit")
+        envelope = _object(_json(raw, "message"), "message")
+        headers = _object(envelope.get("headers"), "headers")
+        task.id = _task_id(headers.get("id"))
+        if task.id is None:
+            raise BadInput(f"no usable task id in headers (got {_short(headers.get('id'))})")
+        _decode_body(task, envelope, headers)
     except BadInput as e:
         task.error = e
+    except Exception as e:  # noqa: BLE001 - decoding is total: anything unforeseen is bad input
+        task.error = BadInput(f"malformed message: {type(e).__name__}: {_clip(str(e))}")
     return task
 
 
-def _decode_body(task: Task, envelope: dict, headers: dict, max_bytes: int) -> None:
-    if len(task.raw) > max_bytes:
-        raise BadInput(f"message of {len(task.raw)} bytes is over the {max_bytes}-byte limit")
+#: Longest task id accepted; Celery's are 36-character UUIDs.
+MAX_ID_CHARS = 255
+#: Deepest nesting of lists and objects accepted in a task's inputs.
+MAX_DEPTH = 32
+_ID = re.compile(rb'"id"\s*:\s*"([^"\\\x00-\x1f]{1,255})"')
+
+
+def _task_id(value: Any) -> str | None:
+    """The id if usable as a Celery task id: a non-empty printable string, not too long."""
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable():
+        return value
+    return None
+
+
+def _scan_id(raw: bytes) -> str | None:
+    """The task id of a message too large to parse, if exactly one "id" key holds one."""
+    found = {m.decode("utf-8", "replace") for m in _ID.findall(raw)}
+    return _task_id(found.pop()) if len(found) == 1 else None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: hostile values stay short in errors."""
+    return _clip(repr(value), limit)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _json(data: bytes | str, what: str) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BadInput(f"malformed {what}: nested too deeply") from None
+    except ValueError as e:
+        raise BadInput(f"malformed {what}: not JSON ({_clip(str(e))})") from None
+
+
+def _object(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise BadInput(f"malformed {what}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _decode_body(task: Task, envelope: dict, headers: dict) -> None:
     if headers.get("task") != TASK_NAME:
-        raise BadInput(f"unknown task name {headers.get('task')!r}; tandem runs {TASK_NAME}")
+        raise BadInput(f"unknown task name {_short(headers.get('task'))}; tandem runs {TASK_NAME}")
     content_type = envelope.get("content-type")
     if content_type not in ACCEPTED:
         raise BadInput(
-            f"content type {content_type!r} refused; tandem accepts {' and '.join(ACCEPTED)}"
+            f"content type {_short(content_type)} refused; tandem accepts {' and '.join(ACCEPTED)}"
         )
-    try:
-        body = envelope["body"]
-        if envelope.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        loads = json.loads if content_type == JSON else payload.loads
-        args, kwargs, _embed = loads(body)
-        task.model = kwargs["model"]
-        task.inputs = kwargs["inputs"]
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
-        raise BadInput(f"malformed body: expected [[], {{model, inputs}}, embed] ({e})") from e
+    properties = envelope.get("properties", {})
+    if not isinstance(properties, dict):
+        raise BadInput("malformed envelope: properties must be a JSON object")
+    body = envelope.get("body")
+    if not isinstance(body, str):
+        raise BadInput("malformed envelope: body must be a string")
+    if properties.get("body_encoding") == "base64":
+        try:
+            data = base64.b64decode(body, validate=True)
+        except ValueError:
+            raise BadInput("malformed body: not base64") from None
+    else:
+        data = body.encode()
+    triple = _json(data, "body") if content_type == JSON else payload.loads(data)
+    if not (isinstance(triple, (list, tuple)) and len(triple) == 3):
+        raise BadInput("malformed body: expected [args, kwargs, embed]")
+    args, kwargs, _embed = triple
+    if not isinstance(kwargs, dict) or "model" not in kwargs or "inputs" not in kwargs:
+        raise BadInput("malformed body: expected [[], {model, inputs}, embed]")
     if args:
         raise BadInput("tandem.infer takes keyword arguments model and inputs, not positional ones")
+    if not isinstance(kwargs["model"], str):
+        raise BadInput(f"model must be a string, got {_short(kwargs['model'])}")
+    task.model = kwargs["model"]
+    task.inputs = kwargs["inputs"]
+    check_depth(task.inputs)
     task.expires = _parse_expires(headers.get("expires"))
-    sent_at = headers.get("tandem_sent_at")
-    task.sent_at = float(sent_at) if isinstance(sent_at, (int, float)) else None
+    task.sent_at = _sent_at(headers.get("tandem_sent_at"))
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Raise BadInput if lists and objects nest deeper than `limit`. Level by level, no
+    recursion, so any depth is safe to check."""
+    nested = (list, tuple, dict)
+    level, depth = ([value] if isinstance(value, nested) else []), 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise BadInput(f"inputs nest deeper than {limit} levels")
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, nested)
+        ]
+
+
+def _sent_at(value: Any) -> float | None:
+    """tandem_sent_at, epoch seconds, only if it is a plausible time (it feeds metrics)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 < value < 1e11 else None
 
 
 def _parse_expires(value: Any) -> datetime | None:
     if value is None:
         return None
+    if not isinstance(value, str):
+        raise BadInput(f"malformed expires header {_short(value)}")
     try:
         when = datetime.fromisoformat(value)
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"malformed expires header {value!r}") from e
+    except ValueError as e:
+        raise BadInput(f"malformed expires header {_short(value)}") from e
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

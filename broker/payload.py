@@ -11,23 +11,18 @@ torch tensors. Nothing here ever unpickles.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
+
+from broker.errors import BadInput
 
 CONTENT_TYPE = "application/x-tandem-tensor"
 CODEC = "tandem-tensor"
 TENSOR_EXT = 1
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
-
-
-def _torch_dtype(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise ValueError(f"unsupported tensor dtype {name!r}; use one of {', '.join(DTYPES)}")
-    return getattr(torch, name)
 
 
 def _pack_tensor(obj: Any) -> msgpack.ExtType | None:
@@ -54,19 +49,38 @@ def _default(obj: Any) -> Any:
     return packed
 
 
+#: Most dimensions a tensor in a payload may have.
+MAX_DIMS = 16
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != TENSOR_EXT:
-        raise ValueError(f"unknown msgpack extension type {code}")
+        raise BadInput(f"unknown msgpack extension type {code}")
     import torch
 
-    name, shape, raw = msgpack.unpackb(data)
-    dtype = _torch_dtype(name)
+    parts = msgpack.unpackb(data, raw=False)
+    if not (isinstance(parts, list) and len(parts) == 3):
+        raise BadInput("malformed tensor: expected [dtype, shape, raw]")
+    name, shape, raw = parts
+    if not isinstance(name, str) or name not in DTYPES:
+        raise BadInput(f"unsupported tensor dtype {name!r:.40}; use one of {', '.join(DTYPES)}")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_DIMS
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise BadInput(f"malformed tensor shape {shape!r:.60}: up to {MAX_DIMS} sizes >= 0")
+    if not isinstance(raw, bytes):
+        raise BadInput("malformed tensor: raw data must be bytes")
+    dtype = getattr(torch, name)
+    count = math.prod(shape)
+    size = torch.empty(0, dtype=dtype).element_size()
+    if count * size != len(raw):
+        got = f"{len(raw) // size} values" if len(raw) % size == 0 else f"{len(raw)} bytes"
+        raise BadInput(f"tensor of shape {shape} needs {count} {name} values, got {got}")
     flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-    count = 1
-    for dim in shape:
-        count *= dim
-    if flat.numel() != count:
-        raise ValueError(f"tensor of shape {shape} needs {count} {name} values, got {flat.numel()}")
+    if name == "bool" and bool((flat.view(torch.uint8) > 1).any()):
+        raise BadInput("malformed tensor: bool values must be 0 or 1")
     return flat.reshape(shape)
 
 
@@ -76,8 +90,13 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes) -> Any:
-    """Unpack a value; tensors come back as torch tensors."""
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    """Unpack a value; tensors come back as torch tensors. Raises BadInput and nothing else."""
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - any malformed payload is bad input
+        raise BadInput(f"malformed tensor payload: {type(e).__name__}: {str(e)[:80]}") from None
 
 
 def register() -> None:
