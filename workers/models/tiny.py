@@ -36,9 +36,13 @@ class TinyModel:
             raise BadInput(f"tiny expects a list of {IN_FEATURES} numbers, got {_describe(inputs)}")
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in inputs):
             raise BadInput("tiny expects numbers only")
-        if not all(math.isfinite(x) for x in inputs):
+        try:
+            values = [float(x) for x in inputs]
+        except OverflowError:
+            raise BadInput("tiny refuses numbers too large for a float") from None
+        if not all(math.isfinite(x) for x in values):
             raise BadInput("tiny refuses NaN and infinite inputs")
-        return [float(x) for x in inputs]
+        return values
 
     def run(self, batch: list[list[float]]) -> list[list[float]]:
         with torch.inference_mode():
