@@ -40,8 +40,8 @@ class Coordinator:
                 self.relay(block_ms=int(self.settings.coordinator_interval_s * 1000))
                 self.sweep()
                 delay = 0.1
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                log.warning("Redis unavailable (%s); retrying in %.1fs", e, delay)
+            except redis.RedisError as e:  # a disconnect, or READONLY, OOM ...: retried
+                log.warning("Redis error %s: %s; retrying in %.1fs", type(e).__name__, e, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
 

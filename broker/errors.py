@@ -41,3 +41,11 @@ class ProcessExited(TandemError):
 
 class MissingExtra(TandemError):
     """A command needs an optional extra that is not installed; the message says how to."""
+
+
+class BadSetting(TandemError, ValueError):
+    """A setting is out of range; the message names it and its allowed values."""
+
+
+class ExecutorGone(TandemError):
+    """The coordinator reclaimed this executor; it must register again."""

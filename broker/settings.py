@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from broker.errors import BadSetting
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.
@@ -52,6 +55,41 @@ class Settings:
     #: Celery worker node name; defaults to tandem@<host>.
     hostname: str = ""
     loglevel: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for problem in self.problems():
+            raise BadSetting(problem)
+
+    def problems(self) -> list[str]:
+        """Every setting out of range, one line each."""
+        at_least = {
+            "max_batch": 1,
+            "max_wait_ms": 0,
+            "poll_ms": 1,
+            "heartbeat_s": 0.01,
+            "coordinator_interval_s": 0.01,
+            "metrics_port": 0,
+            "result_expires_s": 1,
+            "max_queue": 0,
+            "max_message_bytes": 1024,
+            "sim_base_ms": 0,
+            "sim_per_item_ms": 0,
+        }
+        out = []
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                out.append(f"{name} must be a number, got {value!r}")
+            elif not math.isfinite(value) or value < low:
+                out.append(f"{name} must be a finite number >= {low}, got {value!r}")
+        if not out and self.heartbeat_ttl_s <= self.heartbeat_s:
+            out.append(
+                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_s "
+                f"({self.heartbeat_s}), or every executor would expire between beats"
+            )
+        if not self.models:
+            out.append("models must name at least one NAME:VERSION")
+        return out
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -101,7 +139,7 @@ def load_settings(
             try:
                 values[field.name] = _convert(raw, field.default)
             except ValueError as e:
-                raise ValueError(f"TANDEM_{field.name.upper()}={raw!r}: {e}") from e
+                raise BadSetting(f"TANDEM_{field.name.upper()}={raw!r}: {e}") from e
     if flags:
         raise TypeError(f"unknown settings: {', '.join(sorted(flags))}")
     return Settings(**values)

@@ -5,6 +5,7 @@ All writes go through the atomic scripts in broker/scripts.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import redis
 
 from broker import keys
-from broker.errors import BrokerUnavailable, QueueFull, TandemError, UnknownModel
+from broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownModel
 from broker.scripts import Scripts
 
 if sys.version_info >= (3, 11):
@@ -29,10 +30,6 @@ class State(StrEnum):
     WAITING = "WAITING"
     WORKING = "WORKING"
     STOPPING = "STOPPING"
-
-
-class ExecutorGone(TandemError):
-    """The coordinator reclaimed this executor; it must register again."""
 
 
 @dataclass(frozen=True)
@@ -289,4 +286,12 @@ def convert_error(e: redis.ResponseError) -> Exception:
         )
     if text.startswith("QUEUE_FULL"):
         return QueueFull(text.removeprefix("QUEUE_FULL "))
+    if refused := _REFUSED.search(text):
+        return BrokerUnavailable(f"Redis refused the command: {refused.group(1)}")
+    if isinstance(e, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)):
+        return BrokerUnavailable(f"Redis refused the command: {type(e).__name__}: {text}")
     return e
+
+
+#: Errors from a Redis that is up but refuses writes, also as a script reports them.
+_REFUSED = re.compile(r"(?:^|-)((?:READONLY|OOM|LOADING|MASTERDOWN)\b.*)")

@@ -20,7 +20,7 @@ from fuzzing import (
     tensor_ext,
     valid_envelope,
 )
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -104,6 +104,8 @@ def model(ref: str):
     st.sampled_from(["tiny:1", "sim:1", "cnn:1"]),
     json_values | tensors,
 )
+@example("cnn:1", [10**400, 0.0])  # found by this test: torch.tensor overflowed
+@example("tiny:1", [10**400] * 8)
 def test_validators_raise_only_tandem_errors(ref, inputs):
     with contextlib.suppress(TandemError):
         model(ref).validate(inputs)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from broker import keys, message
-from broker.errors import QueueFull, UnknownModel
-from broker.table import ExecutorGone, State, Table
+from broker.errors import ExecutorGone, QueueFull, UnknownModel
+from broker.table import State, Table
 
 MODEL = "m:1"
 
@@ -198,3 +198,20 @@ def test_heartbeat_reports_reclaimed_executors(table, r):
     register(table, "b")
     r.delete(keys.executor("b"))
     assert table.heartbeat(["a", "b"], 1000) == ["b"]
+
+
+def test_stopping_is_final_until_the_executor_registers_again(table, r):
+    register(table, "a")
+    idle(table, "a")
+    table.set_state("a", State.STOPPING)
+    for step in (
+        lambda: table.go_idle("a", MODEL, 4),
+        lambda: table.set_state("a", State.WAITING),
+        lambda: table.begin("a", MODEL, room=4, taken=1),
+    ):
+        step()
+        assert r.hget(keys.executor("a"), "state") == b"STOPPING"
+        assert r.hget(keys.executor("a"), "cap") == b"0"
+    assert route(table, 1)[1] is None  # to L1, never to a stopping executor's L2
+    register(table, "a")
+    assert r.hget(keys.executor("a"), "state") == b"WORKING"

@@ -1,7 +1,10 @@
 """Settings precedence: CLI flags, then TANDEM_* env vars, then defaults."""
 
+import re
+
 import pytest
 
+from broker.errors import BadSetting
 from broker.settings import Settings, load_settings
 
 
@@ -30,3 +33,34 @@ def test_bad_env_values_name_the_variable():
 def test_unknown_settings_are_refused():
     with pytest.raises(TypeError, match="unknown settings: nope"):
         load_settings(env={}, nope=1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"max_batch": 0}, "max_batch must be a finite number >= 1, got 0"),
+        ({"max_wait_ms": -1.0}, "max_wait_ms must be a finite number >= 0"),
+        ({"max_wait_ms": float("nan")}, "max_wait_ms must be a finite number"),
+        ({"poll_ms": 0.0}, "poll_ms must be"),
+        ({"result_expires_s": 0}, "result_expires_s must be a finite number >= 1"),
+        ({"max_queue": -5}, "max_queue must be"),
+        ({"heartbeat_s": 2.0, "heartbeat_ttl_s": 1.0}, "heartbeat_ttl_s (1.0) must exceed"),
+    ],
+)
+def test_settings_out_of_range_are_refused_with_one_line(flags, message):
+    with pytest.raises(BadSetting, match=re.escape(message)):
+        load_settings(env={}, **flags)
+
+
+def test_env_values_out_of_range_are_refused_too():
+    with pytest.raises(BadSetting, match="max_batch must be"):
+        load_settings(env={"TANDEM_MAX_BATCH": "-3"})
+
+
+def test_a_worker_with_a_bad_setting_exits_with_one_line(settings):
+    from helpers import tandem
+
+    done = tandem("worker", "--max-batch", "0", redis_url=settings.redis_url)
+    assert done.returncode == 1
+    assert "error: BadSetting: max_batch must be a finite number >= 1, got 0" in done.stderr
+    assert "Traceback" not in done.stderr

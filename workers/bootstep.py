@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import redis
@@ -31,6 +32,7 @@ class Executors(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         settings: Settings = worker.app.tandem_settings
+        worker.app.tandem_controller = worker  # run_worker exits with its exit code
         table = Table(redis.Redis.from_url(settings.redis_url, health_check_interval=10))
         hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
         for ref, model in worker.app.tandem_models.items():
@@ -101,6 +103,10 @@ def run_worker(settings: Settings) -> None:
     ]
     argv.append(f"--hostname={settings.hostname or default_node_name(settings.models)}")
     app.worker_main(argv)
+    # worker_main() drops the worker's exit code (Celery's "Unrecoverable error" sets 1), so
+    # a supervisor would see 0 and not restart it: exit with the controller's own code.
+    controller = getattr(app, "tandem_controller", None)
+    sys.exit(getattr(controller, "exitcode", 0) or 0)
 
 
 def default_node_name(models: tuple[str, ...]) -> str:

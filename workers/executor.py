@@ -20,9 +20,9 @@ from typing import Any
 import redis
 
 from broker import keys, message
-from broker.errors import BadInput, ModelError, TandemError, UnknownModel
+from broker.errors import BadInput, ExecutorGone, ModelError, TandemError, UnknownModel
 from broker.settings import Settings
-from broker.table import ExecutorGone, State, Table
+from broker.table import State, Table
 from workers import results
 from workers.hooks import Hook, Logs
 from workers.models import Model, batching
@@ -102,8 +102,13 @@ class Executor:
         self._thread.start()
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Finish the batch in hand, return its results, hand L2 back to L1, deregister."""
+        """Take no new L2 tasks (STOPPING), finish the batch in hand, return its results,
+        hand L2 back to L1, deregister."""
         self._stop.set()
+        try:
+            self.table.set_state(self.id, State.STOPPING)
+        except (redis.RedisError, ExecutorGone) as e:
+            log.warning("executor %s could not mark itself STOPPING: %s", self.id, e)
         self._thread.join(timeout_s)
         self._slot.put(None)
         self._returner.join(timeout_s)
@@ -152,9 +157,16 @@ class Executor:
                 )
                 self._retry(self._register)
                 held = None
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                log.warning("executor %s lost Redis (%s); retrying", self.id, e)
-                time.sleep(0.5)  # backoff before reconnecting, not synchronisation
+            except redis.RedisError as e:
+                # What this thread holds may be stale: Redis's in-flight list is the truth.
+                log.error(
+                    "executor %s: Redis error %s: %s; handing its tasks back and registering again",
+                    self.id,
+                    type(e).__name__,
+                    e,
+                )
+                self._retry(self._resync)
+                held = None
             except Exception:
                 # Unexpected: stop heartbeating so the coordinator hands the work on.
                 log.exception(
@@ -162,21 +174,36 @@ class Executor:
                 )
                 raise
 
+    def _resync(self) -> None:
+        """Rebuild from Redis after an error: hand in-flight and L2 back, register again."""
+        self.table.reclaim(self.id, self.model_ref, force=True)
+        self._register()
+
     def _retry(self, step, *, stoppable: bool = True) -> None:
+        """Run step until it succeeds, backing off on any Redis error (each one logged)."""
         delay = 0.1
         while not (stoppable and self._stop.is_set()):
             try:
                 return step()
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                log.warning("executor %s: Redis unavailable (%s); retrying", self.id, e)
-                time.sleep(delay)  # backoff before reconnecting
+            except redis.RedisError as e:
+                log.warning(
+                    "executor %s: Redis error %s: %s; retrying in %.1fs",
+                    self.id,
+                    type(e).__name__,
+                    e,
+                    delay,
+                )
+                time.sleep(delay)  # backoff before retrying, not synchronisation
                 delay = min(delay * 2, 2.0)
 
     def _moved(self, state: State) -> None:
         if state != self.state:
             self.state = state
             for hook in self.hooks:
-                hook.state_changed(self, state)
+                try:
+                    hook.state_changed(self, state)
+                except Exception:  # noqa: BLE001 - a hook never stops the executor
+                    log.exception("hook %s failed", type(hook).__name__)
 
     def _claim_or_idle(self) -> list[bytes]:
         """After a compute: go IDLE if L1 is empty, else claim up to max_batch from it."""

@@ -46,5 +46,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
-            except (redis.ConnectionError, redis.TimeoutError) as e:
-                log.warning("heartbeat failed: %s", e)
+            except redis.RedisError as e:
+                log.warning("heartbeat failed: %s: %s", type(e).__name__, e)
+            except Exception:  # noqa: BLE001 - the heartbeat thread must outlive any error
+                log.exception("heartbeat failed")

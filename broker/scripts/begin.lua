@@ -12,6 +12,7 @@ while true do
 end
 claim_l1(5, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
 if #out == 0 and tonumber(ARGV[3]) == 0 then return out end
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return out end
 redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 return out

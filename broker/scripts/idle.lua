@@ -3,6 +3,8 @@
 -- ARGV: executor id, max_batch
 -- Returns 1 when IDLE, 0 when L1 holds work.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+-- A stopping executor stays STOPPING, with no capacity: nothing more is routed to it.
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 1 end
 for i = 3, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then return 0 end
 end

@@ -3,6 +3,8 @@
 -- KEYS: executor hash, changes
 -- ARGV: executor id, state
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+-- STOPPING is final: only a new registration leaves it.
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 1 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
 if ARGV[2] == 'STOPPING' then redis.call('HSET', KEYS[1], 'cap', 0) end
 change(KEYS[2], KEYS[1], ARGV[1], ARGV[2])

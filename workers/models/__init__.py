@@ -21,11 +21,12 @@ class Model(Protocol):
 
 #: A model may carry its own batching (repository models do); else the worker's settings apply.
 def batching(model: Model, settings: Settings) -> tuple[int, float]:
-    """(max_batch, max_wait_ms) for an executor of this model."""
-    return (
-        getattr(model, "max_batch_size", None) or settings.max_batch,
-        getattr(model, "max_wait_ms", settings.max_wait_ms),
-    )
+    """(max_batch, max_wait_ms) for an executor of this model. Raises BadSetting if out
+    of range (a repository config may set its own)."""
+    max_batch = getattr(model, "max_batch_size", None) or settings.max_batch
+    max_wait_ms = getattr(model, "max_wait_ms", settings.max_wait_ms)
+    settings.replace(max_batch=max_batch, max_wait_ms=max_wait_ms)  # validates both
+    return max_batch, max_wait_ms
 
 
 BUILTIN = ("sim", "tiny")

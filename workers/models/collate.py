@@ -146,6 +146,8 @@ def _from_json(spec: TensorSpec, value: Any) -> torch.Tensor:
         raise BadInput(f"input {spec.name}: expected {spec.describe()}, got {type(value).__name__}")
     try:
         tensor = torch.tensor(value)
+    except OverflowError:
+        raise BadInput(f"input {spec.name}: a number is too large for any tensor dtype") from None
     except (TypeError, ValueError, RuntimeError) as e:
         raise BadInput(f"input {spec.name}: not a rectangular array of numbers ({e})") from e
     target = getattr(torch, spec.dtype)

@@ -1,0 +1,71 @@
+"""Redis errors that are not disconnects: an executor rebuilds from Redis and keeps serving."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import redis
+
+from broker import keys
+from broker.errors import BrokerUnavailable
+from broker.server import free_port
+from helpers import executors_of, wait_until
+from producers.client import Client
+
+
+@pytest.fixture
+def readonly(r):
+    """Make the test Redis a read-only replica of a master that is not there (a failover
+    seen from the old primary), then writable again; its data stays."""
+
+    def on() -> None:
+        r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+
+    yield on
+    r.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def test_after_readonly_the_worker_serves_again_or_exits_non_zero(processes, r, settings, readonly):
+    """Celery's own consumer treats READONLY as unrecoverable and stops the worker (warm:
+    its executor hands its tasks back); a supervisor restarts it. Either way nothing is lost."""
+    processes.coordinator()
+    worker = processes.worker("w1")
+    with Client(settings=settings) as client:
+        waiting = client.submit("sim:1", [-1])
+        assert waiting.get(timeout=30) == [-1]
+        readonly()
+        with pytest.raises(BrokerUnavailable, match="READONLY"):
+            client.submit("sim:1", [1])
+        met = ("ReadOnlyError", "READONLY", "UNBLOCKED")
+        wait_until(lambda: any(m in processes.log("w1") for m in met), 30, "the worker to meet it")
+        r.execute_command("REPLICAOF", "NO", "ONE")
+
+        processes.worker("w2")  # a second worker, or w1 restarted by its supervisor
+        results = [client.submit("sim:1", [n]) for n in range(20)]
+        assert [x.get(timeout=30) for x in results] == [[n] for n in range(20)]
+    assert worker.poll() in (None, *range(1, 256))  # still serving, or exited non-zero
+    assert "crashed" not in processes.log("w1")
+    assert "Traceback" not in processes.log("coordinator")
+
+
+def test_a_graceful_stop_marks_the_executor_stopping_first(processes, r):
+    worker = processes.worker("w1")
+    (executor,) = executors_of(r, "w1")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0
+    states = [
+        fields[b"state"]
+        for _, fields in r.xrange(keys.CHANGES)
+        if fields[b"executor"] == executor.id.encode()
+    ]
+    assert states[-2:] == [b"STOPPING", b"GONE"]
+
+
+def test_readonly_is_named_in_the_clients_error(r, settings, readonly):
+    r.sadd(keys.MODELS, "sim:1")
+    readonly()
+    with Client(settings=settings) as client, pytest.raises(BrokerUnavailable) as caught:
+        client.submit("sim:1", [1])
+    assert "Redis refused the command: READONLY" in str(caught.value)
+    assert isinstance(caught.value.__cause__, redis.ResponseError)
