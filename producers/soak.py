@@ -125,9 +125,11 @@ class Soak:
 
     def kill_one(self, rng: random.Random) -> None:
         try:
-            busy = [e for e in Table(self.redis).executors() if e.inflight_depth]
-        except redis.ConnectionError:
+            executors = Table(self.redis).executors()
+        except redis.RedisError:
             return
+        # A busy one if any (its in-flight tasks must come back); else any, so kills happen.
+        busy = [e for e in executors if e.inflight_depth] or executors
         if not busy:
             return
         victim = rng.choice(busy)
