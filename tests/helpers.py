@@ -99,3 +99,24 @@ def hide_modules(folder: Path, *names: str) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(_HIDE.format(hidden=set(names)))
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path}
+
+
+def start_up(folder, *args: str) -> tuple[subprocess.Popen, str]:
+    """`tandem up` in `folder`; returns the process and its banner line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    up = subprocess.Popen(
+        ["tandem", "up", *args],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def banner() -> str | None:
+        line = up.stdout.readline()
+        if not line and up.poll() is not None:
+            raise AssertionError(f"tandem up exited with {up.returncode}")
+        return line if "tandem up on" in line else None
+
+    return up, wait_until(banner, 60, "the stack")

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
 
 import redis
 
 from broker.table import Table
-from helpers import tandem, wait_until
+from helpers import start_up, tandem
 from producers.client import Client
 
 
@@ -51,17 +49,8 @@ def test_a_worker_refuses_an_unknown_model(settings):
 
 
 def test_up_runs_a_local_stack_until_ctrl_c(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    up = subprocess.Popen(
-        ["tandem", "up", "--workers", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up, line = start_up(tmp_path, "--workers", "2")
     try:
-        line = wait_until(lambda: _line_with(up, "tandem up on"), 60, "the stack")
         url = re.search(r"redis://\S+?(?=:\s)", line).group(0)
         client = redis.Redis.from_url(url)
         assert len(Table(client).executors()) == 2
@@ -75,18 +64,3 @@ def test_up_runs_a_local_stack_until_ctrl_c(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
-
-
-def _line_with(process: subprocess.Popen, text: str) -> str | None:
-    line = process.stdout.readline()
-    if not line and process.poll() is not None:
-        raise AssertionError(f"tandem up exited with {process.returncode}")
-    return line if text in line else None
-
-
-def test_demo_runs_and_reports(tmp_path):
-    done = tandem("demo", "--seconds", "1", "--rates", "10,200", cwd=tmp_path, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "tandem demo: sim:1" in done.stdout
-    assert "p99 ms" in done.stdout
-    assert re.search(r"\b200\.0\b", done.stdout)
