@@ -1,4 +1,5 @@
-"""The coordinator: expires dead executors, reclaims their tasks, publishes state changes.
+"""The coordinator: expires dead executors, reclaims their tasks, buries poison messages,
+publishes state changes.
 
 It is never on a task's path. If it is down, tasks still flow; only dead
 executors are reclaimed late, and changes wait in the capped stream.
@@ -12,7 +13,8 @@ import threading
 
 import redis
 
-from broker import keys
+from broker import deadletter, keys, message, results
+from broker.errors import PoisonMessage
 from broker.settings import Settings
 from broker.table import Table
 
@@ -23,13 +25,16 @@ class Coordinator:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         self.redis = client or redis.Redis.from_url(settings.redis_url, health_check_interval=10)
-        self.table = Table(self.redis)
+        self.table = Table(self.redis, settings)
         self.reclaimed = 0
         self.relayed = 0
+        self.buried = 0
         self._stop = threading.Event()
 
     def __repr__(self) -> str:
-        return f"<Coordinator reclaimed={self.reclaimed} relayed={self.relayed}>"
+        return (
+            f"<Coordinator reclaimed={self.reclaimed} relayed={self.relayed} buried={self.buried}>"
+        )
 
     def run(self) -> None:
         """Loop until stop(): relay changes, then sweep for dead executors."""
@@ -49,14 +54,14 @@ class Coordinator:
         self._stop.set()
 
     def sweep(self) -> list[tuple[str, int]]:
-        """Reclaim every executor whose heartbeat lapsed. Returns (executor, tasks moved)."""
-        now_s, now_us = self.redis.time()
-        now_ms = now_s * 1000 + now_us // 1000
+        """Reclaim every executor whose heartbeat lapsed, counting a delivery for each task
+        it held; then bury the poison messages. Returns (executor, tasks moved)."""
+        now_ms = self.table.now_ms()
         done = []
         for executor in self.table.executors():
             if executor.expires_ms > now_ms:
                 continue
-            moved = self.table.reclaim(executor.id, executor.model)
+            moved = self.table.reclaim(executor.id, executor.model, count=True)
             if moved >= 0:
                 self.reclaimed += 1
                 done.append((executor.id, moved))
@@ -67,14 +72,41 @@ class Coordinator:
                     executor.model,
                 )
         self._reap_stray_ids()
+        self.bury()
         return done
+
+    def bury(self, limit: int = 100) -> int:
+        """Quarantine each message that reached max_deliveries: a PoisonMessage FAILURE
+        naming the executors it took down, and a dead letter. Returns how many."""
+        buried = 0
+        for raw in self.redis.lrange(keys.POISON, 0, limit - 1):
+            delivered = self.redis.lrange(keys.deliveries(raw), 0, -1)
+            took = [e.decode(errors="replace") for e in delivered]
+            task = message.decode(raw, max_bytes=self.settings.max_message_bytes)
+            error = PoisonMessage(
+                f"quarantined after {len(took)} deliveries: the executors "
+                f"{', '.join(dict.fromkeys(took))} died or crashed while holding it"
+            )
+            meta = results.failure(task.id, error) if task.id else ""
+            record = deadletter.record(
+                raw,
+                f"PoisonMessage: {error}",
+                task_id=task.id,
+                model=task.model,
+                executors=took,
+            )
+            if self.table.bury(raw, record, task.id, meta):
+                buried += 1
+                log.error("task %s: %s", task.id or "(no id)", error)
+        self.buried += buried
+        return buried
 
     def _reap_stray_ids(self) -> None:
         """Drop ids left in an executors set whose hash is gone."""
         for model in self.table.models():
             for executor_id in self.table.executor_ids(model):
                 if not self.redis.exists(keys.executor(executor_id)):
-                    self.table.reclaim(executor_id, model, force=True)
+                    self.table.reclaim(executor_id, model, force=True, count=True)
 
     def relay(self, block_ms: int = 0) -> int:
         """Publish each new state change from the stream on the state channel, in order."""

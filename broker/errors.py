@@ -49,3 +49,11 @@ class BadSetting(TandemError, ValueError):
 
 class ExecutorGone(TandemError):
     """The coordinator reclaimed this executor; it must register again."""
+
+
+class PoisonMessage(TandemError):
+    """A task took down its executor too many times; it is quarantined in the dead letters."""
+
+
+class ExecutorCrashed(TandemError):
+    """An executor's own thread failed (its returner, a bug); it restarts in place."""

@@ -6,6 +6,7 @@ A model is named ``NAME:VERSION``. Names and versions use letters, digits,
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 #: Priority steps, as kombu's Redis transport lays them out. Lower is served first.
@@ -23,8 +24,13 @@ STATS = "tandem:stats"
 CHANGES = "tandem:changes"
 #: PUB/SUB channel where the coordinator publishes each state change as JSON.
 CHANNEL = "tandem:state"
-#: LIST of raw messages that could not even be decoded to find a task id.
+#: LIST of dead letters, newest first: JSON records (see broker/deadletter.py) of tasks
+#: without a usable id and of quarantined poison tasks. Capped, and expiring.
 DEAD = "tandem:dead"
+#: LIST of raw messages that reached max_deliveries, waiting for the coordinator to bury.
+POISON = "tandem:poison"
+#: LIST per message (by the SHA-1 of its bytes): the executors that died holding it.
+DELIVERIES_PREFIX = "tandem:deliveries:"
 #: STRING holding the last CHANGES id the coordinator relayed.
 RELAYED = "tandem:coordinator:relayed"
 #: Celery result key of a task; Celery's Redis backend publishes on the same name.
@@ -65,6 +71,17 @@ def l1_for_priority(model: str, priority: int) -> str:
     return l1_keys(model)[PRIORITY_STEPS.index(step)]
 
 
+def retry(model: str) -> str:
+    """LIST of the model's redelivered tasks; each is computed alone, before L1."""
+    parse_model(model)
+    return f"tandem:retry:{model}"
+
+
+def claim_keys(model: str) -> list[str]:
+    """Where executors claim from, first to last: the retry list, then L1 by priority."""
+    return [retry(model), *l1_keys(model)]
+
+
 def executors(model: str) -> str:
     """SET of executor ids serving this model."""
     parse_model(model)
@@ -81,6 +98,11 @@ def l2(executor_id: str) -> str:
 
 def inflight(executor_id: str) -> str:
     return INFLIGHT_PREFIX + executor_id
+
+
+def deliveries(raw: bytes) -> str:
+    """LIST of the executors that died holding this message (reclaim.lua's own naming)."""
+    return DELIVERIES_PREFIX + hashlib.sha1(raw).hexdigest()  # noqa: S324 - a name, not a MAC
 
 
 def metrics(model: str) -> str:

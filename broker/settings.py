@@ -45,6 +45,17 @@ class Settings:
     max_queue: int = 0
     #: Largest message an executor accepts.
     max_message_bytes: int = 16 * 1024 * 1024
+    #: A task whose executor died holding it this many times is quarantined (PoisonMessage).
+    max_deliveries: int = 3
+    #: A batch computing longer than this is hung: the worker exits so it is restarted.
+    #: Any other executor step this long stops its heartbeat. 0 never times out.
+    compute_timeout_s: float = 300.0
+    #: An executor that crashes this many times in a row, with no batch between, gives up
+    #: and its worker exits non-zero.
+    max_restarts: int = 5
+    #: Dead-letter list: its length cap, and how long it lives after its last entry.
+    dead_letter_max: int = 10000
+    dead_letter_ttl_s: int = 7 * 86400
     #: The sim model's cost: base_ms + per_item_ms * batch size.
     sim_base_ms: float = 20.0
     sim_per_item_ms: float = 0.5
@@ -72,6 +83,11 @@ class Settings:
             "result_expires_s": 1,
             "max_queue": 0,
             "max_message_bytes": 1024,
+            "max_deliveries": 1,
+            "compute_timeout_s": 0,
+            "max_restarts": 0,
+            "dead_letter_max": 1,
+            "dead_letter_ttl_s": 1,
             "sim_base_ms": 0,
             "sim_per_item_ms": 0,
         }

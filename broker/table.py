@@ -14,7 +14,9 @@ import redis
 
 from broker import keys
 from broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownModel
+from broker.faults import Faults
 from broker.scripts import Scripts
+from broker.settings import Settings
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -58,11 +60,23 @@ def _gone(e: redis.ResponseError) -> bool:
 
 
 class Table:
-    """The executor table and the scripts that change it, bound to one Redis client."""
+    """The executor table and the scripts that change it, bound to one Redis client.
 
-    def __init__(self, client: redis.Redis) -> None:
+    `settings` gives the delivery limit and the result and dead-letter lifetimes.
+    Each executor step passes a named fault point (broker/faults.py) for tests.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
         self.redis = client
+        self.settings = settings or Settings()
         self.scripts = Scripts(client)
+        self.faults = Faults.from_env()
+
+    def _step(self, name: str, call):
+        self.faults.at(name, "before")
+        reply = call()
+        self.faults.at(name, "after")
+        return reply
 
     # Producers
 
@@ -117,20 +131,19 @@ class Table:
         max_queue: int = 0,
     ) -> None:
         """Register an executor (WORKING, no capacity) and set its model's L1 bound."""
-        self.scripts.register(
-            keys=[keys.executor(executor_id), keys.executors(model), keys.MODELS, keys.CHANGES],
-            args=[
-                executor_id,
-                model,
-                worker,
-                max_batch,
-                ttl_ms,
-                max_wait_ms,
-                pid,
-                max_queue,
-                keys.MAX_QUEUE,
-            ],
-        )
+        script_keys = [keys.executor(executor_id), keys.executors(model), keys.MODELS, keys.CHANGES]
+        args = [
+            executor_id,
+            model,
+            worker,
+            max_batch,
+            ttl_ms,
+            max_wait_ms,
+            pid,
+            max_queue,
+            keys.MAX_QUEUE,
+        ]
+        self._step("register", lambda: self.scripts.register(keys=script_keys, args=args))
 
     def heartbeat(self, executor_ids: Sequence[str], ttl_ms: int) -> list[str]:
         """Refresh heartbeats; returns the ids that are no longer in the table."""
@@ -142,74 +155,106 @@ class Table:
         return [executor_ids[i - 1] for i in missing]
 
     def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> list[bytes]:
-        """Start a batch: take all of L2 and top up from L1; go WORKING if anything is held."""
-        return self._call(
-            self.scripts.begin,
-            [
-                keys.executor(executor_id),
-                keys.l2(executor_id),
-                keys.inflight(executor_id),
-                keys.CHANGES,
-                *keys.l1_keys(model),
-            ],
-            [executor_id, room, taken],
-        )
+        """Start a batch: take all of L2 and top up (an empty batch takes one retry task
+        alone); go WORKING if anything is held."""
+        script_keys = [
+            keys.executor(executor_id),
+            keys.l2(executor_id),
+            keys.inflight(executor_id),
+            keys.CHANGES,
+            *keys.claim_keys(model),
+        ]
+        return self._call("begin", script_keys, [executor_id, room, taken])
 
-    def claim(self, executor_id: str, model: str, n: int) -> list[bytes]:
-        """Claim up to n tasks from L1 into in-flight, oldest and highest priority first."""
-        return self._call(
-            self.scripts.claim,
-            [keys.executor(executor_id), keys.inflight(executor_id), *keys.l1_keys(model)],
-            [n],
-        )
+    def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> list[bytes]:
+        """Claim into in-flight: one retry task if `alone` (the batch is empty) and there is
+        one, else up to n tasks from L1, oldest and highest priority first."""
+        script_keys = [
+            keys.executor(executor_id),
+            keys.inflight(executor_id),
+            *keys.claim_keys(model),
+        ]
+        return self._call("claim", script_keys, [n, "1" if alone else "0"])
 
     def go_idle(self, executor_id: str, model: str, max_batch: int) -> bool:
-        """Go IDLE only if L1 is empty, in one atomic step."""
-        return bool(
-            self._call(
-                self.scripts.idle,
-                [keys.executor(executor_id), keys.CHANGES, *keys.l1_keys(model)],
-                [executor_id, max_batch],
-            )
-        )
+        """Go IDLE only if the retry list and L1 are empty, in one atomic step."""
+        script_keys = [keys.executor(executor_id), keys.CHANGES, *keys.claim_keys(model)]
+        return bool(self._call("idle", script_keys, [executor_id, max_batch]))
 
     def set_state(self, executor_id: str, state: State) -> None:
-        self._call(
-            self.scripts.state,
-            [keys.executor(executor_id), keys.CHANGES],
-            [executor_id, state.value],
+        self._call("state", [keys.executor(executor_id), keys.CHANGES], [executor_id, state.value])
+
+    def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
+        """Block up to timeout_s for the next L2 task, moving it into in-flight."""
+        l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
+        return self._step(
+            "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
         )
 
-    def complete(
-        self, executor_id: str, entries: Sequence[tuple[bytes, str, str]], result_expires_s: int
-    ) -> None:
-        """Store results and drop their tasks from in-flight. Entries: (raw, result key, JSON)."""
-        args: list = [result_expires_s]
+    def capacity(self, executor_id: str) -> int:
+        """How many more tasks route.lua may hand this executor now."""
+        key = keys.executor(executor_id)
+        return int(self._step("capacity", lambda: self.redis.hget(key, "cap")) or 0)
+
+    def complete(self, executor_id: str, entries: Sequence[tuple[bytes, str, str]]) -> None:
+        """Store results and drop their tasks from in-flight. Entries: (raw, result key,
+        result JSON), or (raw, "", dead-letter record) for a message without a usable id."""
+        s = self.settings
+        args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s]
         for entry in entries:
             args.extend(entry)
-        self.scripts.complete(
-            keys=[keys.inflight(executor_id), keys.executor(executor_id), keys.DEAD, keys.STATS],
-            args=args,
-        )
+        script_keys = [
+            keys.inflight(executor_id),
+            keys.executor(executor_id),
+            keys.DEAD,
+            keys.STATS,
+        ]
+        self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
 
-    def reclaim(self, executor_id: str, model: str, *, force: bool = False) -> int:
-        """Hand the executor's L2 and in-flight back to L1 and remove it; -1 if it is alive."""
-        return self.scripts.reclaim(
-            keys=[
-                keys.executor(executor_id),
-                keys.executors(model),
-                keys.l2(executor_id),
-                keys.inflight(executor_id),
-                keys.CHANGES,
-                keys.STATS,
-                *keys.l1_keys(model),
-            ],
-            args=[executor_id, "1" if force else "0"],
-        )
+    def reclaim(
+        self, executor_id: str, model: str, *, force: bool = False, count: bool = False
+    ) -> int:
+        """Hand the executor's L2 and in-flight back and remove it; -1 if it is alive.
 
-    def _call(self, script, script_keys, args):
+        count: it died or crashed holding its in-flight tasks, so each gets a delivery;
+        they then go to the retry list, or at max_deliveries to the poison list.
+        """
+        script_keys = [
+            keys.executor(executor_id),
+            keys.executors(model),
+            keys.l2(executor_id),
+            keys.inflight(executor_id),
+            keys.CHANGES,
+            keys.STATS,
+            keys.retry(model),
+            keys.POISON,
+            *keys.l1_keys(model),
+        ]
+        args = [
+            executor_id,
+            "1" if force else "0",
+            "1" if count else "0",
+            self.settings.max_deliveries,
+            keys.DELIVERIES_PREFIX,
+            self.settings.result_expires_s,
+        ]
+        return self._step("reclaim", lambda: self.scripts.reclaim(keys=script_keys, args=args))
+
+    def bury(self, raw: bytes, record: str, task_id: str | None, meta: str) -> bool:
+        """Quarantine one poison message: its FAILURE `meta` (if it has an id) and its
+        dead-letter record. False if another coordinator buried it first."""
+        s = self.settings
+        script_keys = [keys.POISON, keys.DEAD, keys.deliveries(raw), keys.STATS]
+        args: list = [raw, record, s.dead_letter_max, s.dead_letter_ttl_s]
+        if task_id is not None:
+            script_keys.append(keys.result(task_id))
+            args += [meta, s.result_expires_s]
+        return bool(self.scripts.bury(keys=script_keys, args=args))
+
+    def _call(self, name: str, script_keys: list[str], args: list):
         try:
-            return script(keys=script_keys, args=args)
+            script = getattr(self.scripts, name)
+            return self._step(name, lambda: script(keys=script_keys, args=args))
         except redis.ResponseError as e:
             if _gone(e):
                 raise ExecutorGone(script_keys[0]) from e
@@ -239,10 +284,14 @@ class Table:
                 rows.append(_info(executor_id, h, l2_depth, inflight_depth))
         return rows
 
+    def now_ms(self) -> int:
+        """Redis's clock, in ms: the one every heartbeat deadline is set by."""
+        now_s, now_us = self.redis.time()
+        return now_s * 1000 + now_us // 1000
+
     def latest(self, name: str) -> str | None:
         """The highest version of a model that has a live executor, as NAME:VERSION."""
-        now_s, now_us = self.redis.time()
-        now_ms = now_s * 1000 + now_us // 1000
+        now_ms = self.now_ms()
         live = {e.model for e in self.executors() if e.expires_ms > now_ms}
         versions = [m.partition(":")[2] for m in live if m.partition(":")[0] == name]
         if not versions:

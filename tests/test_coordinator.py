@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from broker import keys, message
+from broker import deadletter, keys, message
 from broker.coordinator import Coordinator
 from broker.table import Table
 from helpers import wait_until
@@ -24,8 +24,49 @@ def test_sweep_reclaims_only_executors_whose_heartbeat_lapsed(settings, r):
     reclaimed = wait_until(coordinator.sweep, 10, "the dead executor reclaimed")
     assert reclaimed == [("dead", 1)]
     assert table.executor_ids(MODEL) == ["live"]
-    assert table.l1_depth(MODEL) == 1
+    # It died holding the task: one delivery, and the task waits to be computed alone.
+    assert table.l1_depth(MODEL) == 0
+    assert r.lrange(keys.retry(MODEL), 0, -1) == [envelope.encode()]
+    assert r.lrange(keys.deliveries(envelope.encode()), 0, -1) == [b"dead"]
     assert coordinator.sweep() == []
+
+
+def test_a_task_that_takes_down_max_deliveries_executors_is_buried(settings, r):
+    table = Table(r, settings)
+    coordinator = Coordinator(settings, r)
+    task_id, poison = message.encode(MODEL, [1], queue=keys.l1(MODEL))
+    other_id, other = message.encode(MODEL, [2], queue=keys.l1(MODEL))
+    # A busy (WORKING) executor makes the model known; routes then go to L1.
+    table.register("busy", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    table.route(MODEL, poison, l1_key=keys.l1(MODEL))
+    table.route(MODEL, other, l1_key=keys.l1(MODEL))
+    for n in range(settings.max_deliveries):
+        victim = f"victim{n}"
+        table.register(victim, MODEL, worker="w", max_batch=4, ttl_ms=1, max_wait_ms=0, pid=1)
+        # As an executor does: a batch taken alone from the retry list, else from L1.
+        while poison.encode() not in (batch := table.claim(victim, MODEL, 4, alone=True)):
+            assert batch == [other.encode()], "a redelivered task is computed alone"
+            table.complete(victim, [(batch[0], keys.result(other_id), '{"status": "SUCCESS"}')])
+        assert len(batch) == (2 if n == 0 else 1)
+        wait_until(lambda v=victim: (v, len(batch)) in coordinator.sweep(), 10, "a reclaim")
+    meta = json.loads(r.get(keys.result(task_id)))
+    assert meta["status"] == "FAILURE"
+    assert meta["result"]["exc_type"] == "PoisonMessage"
+    reason = meta["result"]["exc_message"][0]
+    assert all(f"victim{n}" in reason for n in range(settings.max_deliveries)), reason
+    (letter,) = deadletter.read(r)
+    assert (letter.id, letter.model, letter.raw) == (task_id, MODEL, poison.encode())
+    assert letter.executors == tuple(f"victim{n}" for n in range(settings.max_deliveries))
+    assert letter.reason.startswith("PoisonMessage: ")
+    assert r.llen(keys.POISON) == 0 and not r.exists(keys.deliveries(poison.encode()))
+    # The task that went down with it the first time is computed alone, and kept.
+    while batch := table.claim("busy", MODEL, 4, alone=True):
+        assert batch == [other.encode()]
+        table.complete("busy", [(batch[0], keys.result(other_id), '{"status": "SUCCESS"}')])
+    assert json.loads(r.get(keys.result(other_id)))["status"] == "SUCCESS"
+    assert r.lrange(keys.deliveries(other.encode()), 0, -1) == [b"victim0"]
+    assert r.llen(keys.retry(MODEL)) == 0
+    assert coordinator.bury() == 0
 
 
 def test_relay_publishes_every_change_in_order(settings, r):

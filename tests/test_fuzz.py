@@ -29,7 +29,7 @@ from broker.errors import BadInput, TandemError
 from broker.settings import load_settings
 from helpers import executors_of, wait_until
 from producers.client import Client
-from workers import results
+from broker import results
 from workers.models import load_model
 
 FUZZ = hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from broker import keys, message
+from broker import deadletter, keys, message
 from broker.errors import ExecutorGone, QueueFull, UnknownModel
+from broker.settings import Settings
 from broker.table import State, Table
 
 MODEL = "m:1"
@@ -15,7 +16,7 @@ MODEL = "m:1"
 
 @pytest.fixture
 def table(r) -> Table:
-    return Table(r)
+    return Table(r, Settings(result_expires_s=60))
 
 
 def register(
@@ -185,8 +186,8 @@ def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
     task_id, _ = route(table, 0)
     raw = table.claim("a", MODEL, 1)[0]
     key = keys.result(task_id)
-    table.complete("a", [(raw, key, json.dumps({"status": "SUCCESS", "result": 1}))], 60)
-    table.complete("a", [(raw, key, json.dumps({"status": "FAILURE", "result": 2}))], 60)
+    table.complete("a", [(raw, key, json.dumps({"status": "SUCCESS", "result": 1}))])
+    table.complete("a", [(raw, key, json.dumps({"status": "FAILURE", "result": 2}))])
     assert json.loads(r.get(key)) == {"status": "SUCCESS", "result": 1}
     assert 0 < r.ttl(key) <= 60
     assert r.llen(keys.inflight("a")) == 0
@@ -215,3 +216,99 @@ def test_stopping_is_final_until_the_executor_registers_again(table, r):
     assert route(table, 1)[1] is None  # to L1, never to a stopping executor's L2
     register(table, "a")
     assert r.hget(keys.executor("a"), "state") == b"WORKING"
+
+
+def died_holding(table: Table, r, executor_id: str, n: int) -> list[str]:
+    """Register, claim n tasks from L1, die (heartbeat lapsed) and get reclaimed."""
+    register(table, executor_id)
+    claimed = table.claim(executor_id, MODEL, n)
+    r.hset(keys.executor(executor_id), "expires_ms", 0)
+    assert table.reclaim(executor_id, MODEL, count=True) == len(claimed)
+    return [json.loads(m)["headers"]["id"] for m in claimed]
+
+
+def test_a_death_counts_a_delivery_and_sends_in_flight_to_the_retry_list(table, r):
+    register(table, "a")
+    held = [route(table, n)[0] for n in range(2)]
+    untouched = route(table, 2)[0]
+    assert sorted(died_holding(table, r, "b", 2)) == sorted(held)
+    assert sorted(ids_in(r, keys.retry(MODEL))) == sorted(held)
+    assert ids_in(r, keys.l1(MODEL)) == [untouched]
+    assert r.hget(keys.STATS, "redelivered") == b"2"
+    # A forced reclaim without a death (a resync) counts nothing more, but keeps them apart.
+    raw = table.claim("a", MODEL, 1, alone=True)
+    table.reclaim("a", MODEL, force=True)
+    assert r.lrange(keys.deliveries(raw[0]), 0, -1) == [b"b"]
+    assert r.llen(keys.retry(MODEL)) == 2
+
+
+def test_a_redelivered_task_is_claimed_alone_and_before_l1(table, r):
+    register(table, "busy")
+    route(table, 0)
+    died_holding(table, r, "dead", 1)
+    fresh = [route(table, n)[0] for n in range(1, 4)]
+    register(table, "a")
+    assert not table.go_idle("a", MODEL, 4)  # the retry list is work
+    # A batch with room but tasks already in it never takes a retry task.
+    assert ids_in_batch(table.claim("a", MODEL, 1)) == fresh[:1]
+    assert len(table.claim("a", MODEL, 4, alone=True)) == 1
+    assert r.llen(keys.retry(MODEL)) == 0
+    assert ids_in_batch(table.claim("a", MODEL, 4, alone=True)) == fresh[1:]
+
+
+def test_begin_takes_a_retry_task_alone_only_into_an_empty_batch(table, r):
+    register(table, "busy")
+    route(table, 0)
+    died_holding(table, r, "dead", 1)
+    register(table, "a")
+    retry = r.lrange(keys.retry(MODEL), 0, -1)
+    in_l1 = route(table, 1)[0]
+    assert ids_in_batch(table.begin("a", MODEL, room=3, taken=1)) == [in_l1]
+    assert r.lrange(keys.retry(MODEL), 0, -1) == retry
+    assert table.begin("a", MODEL, room=4, taken=0) == retry
+
+
+def ids_in_batch(batch: list[bytes]) -> list[str]:
+    return [json.loads(m)["headers"]["id"] for m in batch]
+
+
+def test_max_deliveries_sends_a_task_to_the_poison_list(r):
+    table = Table(r, Settings(max_deliveries=2))
+    register(table, "busy")
+    route(table, 0)
+    died_holding(table, r, "d1", 1)
+    assert r.llen(keys.retry(MODEL)) == 1
+    register(table, "d2")
+    raw = table.claim("d2", MODEL, 4, alone=True)
+    r.hset(keys.executor("d2"), "expires_ms", 0)
+    table.reclaim("d2", MODEL, count=True)
+    assert r.lrange(keys.POISON, 0, -1) == raw
+    assert r.lrange(keys.deliveries(raw[0]), 0, -1) == [b"d1", b"d2"]
+    assert r.hget(keys.STATS, "poisoned") == b"1"
+
+
+def test_dead_letters_are_capped_and_expire(r):
+    table = Table(r, Settings(dead_letter_max=2, dead_letter_ttl_s=30))
+    register(table, "a")
+    for n in range(3):
+        raw = f"junk {n}".encode()
+        r.lpush(keys.inflight("a"), raw)
+        table.complete("a", [(raw, "", deadletter.record(raw, f"BadInput: junk {n}", model=MODEL))])
+    letters = deadletter.read(r)
+    assert [letter.reason for letter in letters] == ["BadInput: junk 2", "BadInput: junk 1"]
+    assert letters[0].raw == b"junk 2" and letters[0].model == MODEL and letters[0].id is None
+    assert 0 < r.ttl(keys.DEAD) <= 30
+    assert r.llen(keys.inflight("a")) == 0
+    assert r.hget(keys.STATS, "dead_lettered") == b"3"
+
+
+def test_bury_keeps_a_success_and_buries_once(table, r):
+    task_id, envelope = message.encode(MODEL, [1], queue=keys.l1(MODEL))
+    raw = envelope.encode()
+    r.rpush(keys.POISON, raw)
+    r.set(keys.result(task_id), '{"status": "SUCCESS", "result": 1}')
+    record = deadletter.record(raw, "PoisonMessage: x", task_id=task_id, model=MODEL)
+    assert table.bury(raw, record, task_id, '{"status": "FAILURE"}')
+    assert not table.bury(raw, record, task_id, '{"status": "FAILURE"}')
+    assert json.loads(r.get(keys.result(task_id)))["status"] == "SUCCESS"
+    assert deadletter.count(r) == 1

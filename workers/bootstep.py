@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -19,6 +20,10 @@ from workers.models import Model, load_model
 
 log = logging.getLogger("tandem.worker")
 
+#: Exit code of a worker that gave up on a hung compute or on an executor that keeps
+#: crashing (EX_SOFTWARE), so that compose, systemd or Kubernetes restart it.
+EXIT_UNHEALTHY = 70
+
 
 class Executors(bootsteps.StartStopStep):
     """Starts one executor per loaded model, heartbeats them, and stops them gracefully."""
@@ -32,12 +37,20 @@ class Executors(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         settings: Settings = worker.app.tandem_settings
+        self.app = worker.app
         worker.app.tandem_controller = worker  # run_worker exits with its exit code
-        table = Table(redis.Redis.from_url(settings.redis_url, health_check_interval=10))
+        client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        table = Table(client, settings)
         hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
         for ref, model in worker.app.tandem_models.items():
             executor = Executor(
-                ref, model, table=table, settings=settings, worker=worker.hostname, hooks=hooks
+                ref,
+                model,
+                table=table,
+                settings=settings,
+                worker=worker.hostname,
+                hooks=hooks,
+                on_give_up=self._give_up,
             )
             executor.start()
             self.executors.append(executor)
@@ -49,8 +62,35 @@ class Executors(bootsteps.StartStopStep):
                 executor.max_wait_ms,
             )
         self.heartbeat = Heartbeat(
-            table, self.executors, interval_s=settings.heartbeat_s, ttl_s=settings.heartbeat_ttl_s
+            table,
+            self.executors,
+            interval_s=settings.heartbeat_s,
+            ttl_s=settings.heartbeat_ttl_s,
+            on_hung=self._hung,
         ).start()
+
+    def _give_up(self, executor: Executor) -> None:
+        """An executor keeps crashing: stop the worker gracefully, exiting non-zero."""
+        self.app.tandem_exitcode = EXIT_UNHEALTHY
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown, which stops the rest
+
+    def _hung(self, executor: Executor) -> None:
+        """A compute ran past compute_timeout_s. It cannot be interrupted in-process: hand
+        every executor's tasks back (the hung batch's with a delivery each) and exit now."""
+        log.critical(
+            "executor %s: a batch has computed for over %gs (compute_timeout_s); the worker "
+            "exits with code %d so that its supervisor restarts it",
+            executor.id,
+            executor.settings.compute_timeout_s,
+            EXIT_UNHEALTHY,
+        )
+        for other in self.executors:
+            try:
+                other.table.reclaim(other.id, other.model_ref, force=True, count=other is executor)
+            except redis.RedisError as e:
+                log.error("could not hand back %s's tasks (%s); the coordinator will", other.id, e)
+        logging.shutdown()
+        os._exit(EXIT_UNHEALTHY)
 
     def stop(self, worker: Any) -> None:
         for executor in self.executors:
@@ -106,7 +146,7 @@ def run_worker(settings: Settings) -> None:
     # worker_main() drops the worker's exit code (Celery's "Unrecoverable error" sets 1), so
     # a supervisor would see 0 and not restart it: exit with the controller's own code.
     controller = getattr(app, "tandem_controller", None)
-    sys.exit(getattr(controller, "exitcode", 0) or 0)
+    sys.exit(getattr(app, "tandem_exitcode", 0) or getattr(controller, "exitcode", 0) or 0)
 
 
 def default_node_name(models: tuple[str, ...]) -> str:

@@ -3,6 +3,11 @@
 Two batch slots: the executor thread claims and computes one batch while a
 returner thread stores the previous batch's results, so returning results
 never holds up the next compute.
+
+Redis's in-flight list is the truth. After a Redis error the executor hands what
+it holds back through reclaim and registers again; after a crash of its own
+(a bug, a failed returner) it does the same with backoff, and gives up after
+max_restarts in a row. The heartbeat thread reads its progress ticks.
 """
 
 from __future__ import annotations
@@ -13,17 +18,24 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
 
-from broker import keys, message
-from broker.errors import BadInput, ExecutorGone, ModelError, TandemError, UnknownModel
+from broker import deadletter, keys, message, results
+from broker.errors import (
+    BadInput,
+    ExecutorCrashed,
+    ExecutorGone,
+    ModelError,
+    TandemError,
+    UnknownModel,
+)
 from broker.settings import Settings
 from broker.table import State, Table
-from workers import results
 from workers.hooks import Hook, Logs
 from workers.models import Model, batching
 
@@ -52,6 +64,7 @@ class Executor:
         settings: Settings,
         worker: str,
         hooks: list[Hook] | None = None,
+        on_give_up: Callable[[Executor], None] | None = None,
     ) -> None:
         self.model_ref = model_ref
         self.model = model
@@ -60,28 +73,44 @@ class Executor:
         self.hooks = hooks if hooks is not None else [Logs()]
         self.settings = settings
         self.worker = worker
+        self.on_give_up = on_give_up
         self.id = f"{worker}/{model_ref}/{uuid.uuid4().hex[:6]}"
         self.state = State.WORKING
         self.batches = 0
         self.tasks = 0
         self.failed = 0
+        self.restarts = 0
+        self.gave_up = False
+        self._in_a_row = 0  # restarts since the last stored batch
+        self._ticked = time.monotonic()  # the loop's last sign of progress
+        self._busy_since: float | None = None  # when the compute in hand started
         self._stop = threading.Event()
-        self._slot: queue.Queue[Done | None] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
-        self._returner = threading.Thread(
-            target=self._return_loop, name=f"tandem return {self.id}", daemon=True
-        )
+        self._new_returner()
 
     def __repr__(self) -> str:
         return (
             f"<Executor {self.id} state={self.state} batches={self.batches} "
-            f"tasks={self.tasks} failed={self.failed}>"
+            f"tasks={self.tasks} failed={self.failed} restarts={self.restarts}>"
         )
 
     @property
     def alive(self) -> bool:
-        """False once the executor thread has died; its heartbeat then stops."""
-        return self._thread.is_alive()
+        """False once the executor thread has ended or given up; its heartbeat then stops."""
+        return self._thread.is_alive() and not self.gave_up
+
+    def stuck(self, now: float) -> str | None:
+        """ "hung" if a compute has run past compute_timeout_s, "stalled" if any other step
+        has, else None. `now` is time.monotonic()."""
+        timeout = self.settings.compute_timeout_s
+        if not timeout:
+            return None
+        busy_since = self._busy_since
+        if busy_since is not None and now - busy_since > timeout:
+            return "hung"
+        if now - self._ticked > timeout:
+            return "stalled"
+        return None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -91,6 +120,7 @@ class Executor:
             "batches": self.batches,
             "tasks": self.tasks,
             "failed": self.failed,
+            "restarts": self.restarts,
             "mean_batch": round(self.tasks / self.batches, 2) if self.batches else 0.0,
         }
 
@@ -110,8 +140,9 @@ class Executor:
         except (redis.RedisError, ExecutorGone) as e:
             log.warning("executor %s could not mark itself STOPPING: %s", self.id, e)
         self._thread.join(timeout_s)
-        self._slot.put(None)
-        self._returner.join(timeout_s)
+        if self._returner.is_alive():
+            self._slot.put(None)
+            self._returner.join(timeout_s)
         try:
             moved = self.table.reclaim(self.id, self.model_ref, force=True)
         except redis.RedisError as e:
@@ -138,54 +169,116 @@ class Executor:
         )
         self.state = State.WORKING
 
-    # The executor thread
+    def _new_returner(self) -> None:
+        self._slot: queue.Queue[Done | None] = queue.Queue(maxsize=1)
+        self._returner_error: BaseException | None = None
+        self._returner = threading.Thread(
+            target=self._return_loop,
+            args=(self._slot,),
+            name=f"tandem return {self.id}",
+            daemon=True,
+        )
+
+    # The executor thread: IDLE waits on L2, WORKING claims or computes the batch in hand.
 
     def _run(self) -> None:
-        held: list[bytes] | None = None  # None: after a compute or a (re)register
-        while not self._stop.is_set() or held:
+        batch: list[bytes] = []
+        while not self._stop.is_set() or batch:
+            self._tick()
             try:
-                if held is None:
-                    held = self._claim_or_idle()
-                elif held:
-                    self._compute(held)
-                    held = [] if self._stop.is_set() else None
+                self._check_returner()
+                if batch:
+                    self._compute(batch)
+                    batch = []
+                elif self.state is State.IDLE:
+                    batch = self._wait_for_batch()
                 else:
-                    held = self._wait_for_batch()
+                    batch = self._claim_or_idle()
             except ExecutorGone:
                 log.warning(
                     "executor %s was reclaimed (missed heartbeats); registering again", self.id
                 )
+                batch = []
                 self._retry(self._register)
-                held = None
             except redis.RedisError as e:
-                # What this thread holds may be stale: Redis's in-flight list is the truth.
                 log.error(
                     "executor %s: Redis error %s: %s; handing its tasks back and registering again",
                     self.id,
                     type(e).__name__,
                     e,
                 )
+                batch = []
                 self._retry(self._resync)
-                held = None
-            except Exception:
-                # Unexpected: stop heartbeating so the coordinator hands the work on.
-                log.exception(
-                    "executor %s crashed; its tasks go back to L1 once it expires", self.id
-                )
-                raise
+            except Exception as e:  # noqa: BLE001 - a bug or a failed returner: restart in place
+                batch = []
+                if not self._restart(e):
+                    return
 
-    def _resync(self) -> None:
-        """Rebuild from Redis after an error: hand in-flight and L2 back, register again."""
-        self.table.reclaim(self.id, self.model_ref, force=True)
+    def _tick(self) -> None:
+        self._ticked = time.monotonic()
+
+    def _resync(self, *, count: bool = False) -> None:
+        """Rebuild from Redis: hand in-flight and L2 back through reclaim, register again."""
+        self._hand_back(count=count)
         self._register()
 
-    def _retry(self, step, *, stoppable: bool = True) -> None:
-        """Run step until it succeeds, backing off on any Redis error (each one logged)."""
+    def _hand_back(self, *, count: bool) -> None:
+        """count: it crashed holding its in-flight tasks, so each gets a delivery."""
+        self.table.reclaim(self.id, self.model_ref, force=True, count=count)
+
+    def _restart(self, error: Exception) -> bool:
+        """Restart in place after a crash, with backoff. False once it gives up."""
+        self.restarts += 1
+        self._in_a_row += 1
+        # A returner that failed says nothing about the tasks; any other crash might.
+        count = not isinstance(error, ExecutorCrashed)
+        if self._in_a_row > self.settings.max_restarts:
+            log.error(
+                "executor %s crashed %d times in a row (last: %s: %s); giving up, so its "
+                "worker exits non-zero",
+                self.id,
+                self._in_a_row,
+                type(error).__name__,
+                error,
+            )
+            self._retry(lambda: self._hand_back(count=count))
+            self.gave_up = True
+            if self.on_give_up is not None:
+                self.on_give_up(self)
+            return False
+        delay = min(0.5 * 2 ** (self._in_a_row - 1), 10.0)
+        log.error(
+            "executor %s crashed (%s: %s); restart %d in %.1fs, its tasks go back through "
+            "reclaim first",
+            self.id,
+            type(error).__name__,
+            error,
+            self._in_a_row,
+            delay,
+            exc_info=error if count else None,  # a bug's traceback; a returner logged its own
+        )
+        self._stop.wait(delay)  # backoff before the restart
+        self._tick()
+        if self._returner.is_alive():
+            self._slot.join()  # let it store the batch it holds
+        else:
+            self._new_returner()
+            self._returner.start()
+        self._retry(lambda: self._resync(count=count))
+        return True
+
+    def _check_returner(self) -> None:
+        if not self._returner.is_alive():
+            raise ExecutorCrashed(f"its returner stopped: {self._returner_error}")
+
+    def _retry(self, step, *, stoppable: bool = True, on=redis.RedisError):
+        """Run step until it succeeds, backing off on the errors `on` (each one logged)."""
         delay = 0.1
         while not (stoppable and self._stop.is_set()):
+            self._tick()
             try:
                 return step()
-            except redis.RedisError as e:
+            except on as e:
                 log.warning(
                     "executor %s: Redis error %s: %s; retrying in %.1fs",
                     self.id,
@@ -195,6 +288,7 @@ class Executor:
                 )
                 time.sleep(delay)  # backoff before retrying, not synchronisation
                 delay = min(delay * 2, 2.0)
+        return None
 
     def _moved(self, state: State) -> None:
         if state != self.state:
@@ -206,20 +300,19 @@ class Executor:
                     log.exception("hook %s failed", type(hook).__name__)
 
     def _claim_or_idle(self) -> list[bytes]:
-        """After a compute: go IDLE if L1 is empty, else claim up to max_batch from it."""
+        """After a compute: go IDLE if there is no work, else claim a batch (one
+        redelivered task alone, or up to max_batch from L1)."""
         while True:
             if self.table.go_idle(self.id, self.model_ref, self.max_batch):
                 self._moved(State.IDLE)
                 return []
-            held = self.table.claim(self.id, self.model_ref, self.max_batch)
-            if held:
-                return held
+            batch = self.table.claim(self.id, self.model_ref, self.max_batch, alone=True)
+            if batch:
+                return batch
 
     def _wait_for_batch(self) -> list[bytes]:
         """IDLE: block on L2; the first task opens the batch window (WAITING)."""
-        r = self.table.redis
-        l2, inflight = keys.l2(self.id), keys.inflight(self.id)
-        first = r.blmove(l2, inflight, self.settings.poll_ms / 1000, "RIGHT", "LEFT")
+        first = self.table.wait_l2(self.id, self.settings.poll_ms / 1000)
         if first is None:
             # Nothing routed; plain Celery publishers may have left work in L1.
             return self._begin([])
@@ -241,29 +334,30 @@ class Executor:
         Redis checks blocking timeouts only about every 100 ms, too coarse for a window
         of a few ms, so the window is kept here, looking at the capacity every ms.
         """
-        key = keys.executor(self.id)
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             time.sleep(min(remaining, 0.001))  # the batch window itself
-            if int(self.table.redis.hget(key, "cap") or 0) <= 0:
+            self._tick()
+            if self.table.capacity(self.id) <= 0:
                 return
 
     def _begin(self, taken: list[bytes]) -> list[bytes]:
         more = self.table.begin(
             self.id, self.model_ref, room=self.max_batch - len(taken), taken=len(taken)
         )
-        held = taken + more
-        if held:
+        batch = taken + more
+        if batch:
             self._moved(State.WORKING)
-        return held
+        return batch
 
-    def _compute(self, held: list[bytes]) -> None:
+    def _compute(self, batch: list[bytes]) -> None:
         claimed_at = time.time()
-        tasks = self._checked(held)
+        tasks = self._checked(batch)
         ready = [n for n, task in enumerate(tasks) if task.error is None]
-        # A task failed before compute (expired, bad input) frees its slot: refill it from L1.
+        # A task failed before compute (expired, bad input) frees its slot: refill it from
+        # L1 (never from the retry list, whose tasks are computed alone).
         while len(tasks) > len(ready) and len(ready) < self.max_batch:
             more = self.table.claim(self.id, self.model_ref, self.max_batch - len(ready))
             if not more:
@@ -274,14 +368,28 @@ class Executor:
         outputs: dict[int, Any] = {}
         started_at = time.time()
         if ready:
-            computed = self._run_isolated([tasks[n].inputs for n in ready])
+            self._busy_since = time.monotonic()
+            try:
+                computed = self._run_isolated([tasks[n].inputs for n in ready])
+            finally:
+                self._busy_since = None
             for n, out in zip(ready, computed, strict=True):
                 if isinstance(out, ModelError):
                     tasks[n].error = out
                 else:
                     outputs[n] = out
         compute_ms = (time.time() - started_at) * 1000
-        self._slot.put(Done(tasks, outputs, claimed_at, started_at, compute_ms))
+        self._hand_over(Done(tasks, outputs, claimed_at, started_at, compute_ms))
+
+    def _hand_over(self, done: Done) -> None:
+        """Put a computed batch in the return slot once the returner has room for it."""
+        while True:
+            self._check_returner()
+            try:
+                self._slot.put(done, timeout=0.1)
+                return
+            except queue.Full:
+                self._tick()  # waiting on a live returner is progress
 
     def _checked(self, held: list[bytes]) -> list[message.Task]:
         """Decode and check each message; a bad one gets its error set, nothing raised."""
@@ -320,26 +428,50 @@ class Executor:
 
     # The returner thread
 
-    def _return_loop(self) -> None:
-        while (done := self._slot.get()) is not None:
-            entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
-            self._retry(
-                lambda e=entries: self.table.complete(self.id, e, self.settings.result_expires_s),
-                stoppable=False,
-            )
-            done.stored_at = time.time()
-            self.batches += 1
-            self.tasks += len(done.tasks)
-            self.failed += sum(task.error is not None for task in done.tasks)
-            for hook in self.hooks:
-                try:
-                    hook.batch_done(self, done)
-                except Exception:  # noqa: BLE001 - a hook never stops results flowing
-                    log.exception("hook %s failed", type(hook).__name__)
+    def _return_loop(self, slot: queue.Queue[Done | None]) -> None:
+        """Store each computed batch. It retries only disconnects: any other error ends
+        it, and the executor thread then restarts (a crash, never a stall)."""
+        while True:
+            done = slot.get()
+            try:
+                if done is None:
+                    return
+                self._store(done)
+            except Exception as e:  # noqa: BLE001 - reported to the executor thread
+                self._returner_error = e
+                log.error(
+                    "executor %s: storing results failed (%s: %s); the executor restarts "
+                    "and the batch's tasks go back through reclaim",
+                    self.id,
+                    type(e).__name__,
+                    e,
+                )
+                return
+            finally:
+                slot.task_done()
+
+    def _store(self, done: Done) -> None:
+        entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+        self._retry(
+            lambda: self.table.complete(self.id, entries),
+            stoppable=False,
+            on=(redis.ConnectionError, redis.TimeoutError),
+        )
+        done.stored_at = time.time()
+        self.batches += 1
+        self.tasks += len(done.tasks)
+        self.failed += sum(task.error is not None for task in done.tasks)
+        self._in_a_row = 0
+        for hook in self.hooks:
+            try:
+                hook.batch_done(self, done)
+            except Exception:  # noqa: BLE001 - a hook never stops results flowing
+                log.exception("hook %s failed", type(hook).__name__)
 
     def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
         if task.id is None:
-            return task.raw, "", ""
+            reason = f"{type(task.error).__name__}: {task.error}"
+            return task.raw, "", deadletter.record(task.raw, reason, model=self.model_ref)
         if task.error is not None:
             return task.raw, keys.result(task.id), results.failure(task.id, task.error)
         return task.raw, keys.result(task.id), results.success(task.id, outputs[n])

@@ -1,10 +1,12 @@
-"""Heartbeats: one thread per worker pushes back every live executor's deadline."""
+"""Heartbeats: one thread per worker pushes back the deadline of every executor that
+makes progress, and watches for hung computes."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -15,14 +17,29 @@ log = logging.getLogger("tandem.heartbeat")
 
 
 class Heartbeat:
+    """Beats for each executor that is alive and not stuck (see Executor.stuck).
+
+    A stalled executor loses its heartbeat, so the coordinator hands its tasks on and it
+    registers again when it wakes. A hung compute cannot be interrupted in-process, so
+    `on_hung(executor)` is called: the worker exits and its supervisor restarts it.
+    """
+
     def __init__(
-        self, table: Table, executors: Sequence[Executor], *, interval_s: float, ttl_s: float
+        self,
+        table: Table,
+        executors: Sequence[Executor],
+        *,
+        interval_s: float,
+        ttl_s: float,
+        on_hung: Callable[[Executor], None] | None = None,
     ) -> None:
         self.table = table
         self.executors = executors
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
+        self.on_hung = on_hung
         self.beats = 0
+        self._stalled: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tandem heartbeat", daemon=True)
 
@@ -38,8 +55,27 @@ class Heartbeat:
         self._thread.join()
 
     def beat(self) -> None:
-        """Refresh every executor whose thread is alive; a crashed one is left to expire."""
-        self.table.heartbeat([e.id for e in self.executors if e.alive], self.ttl_ms)
+        """Refresh every executor that is alive and making progress."""
+        now = time.monotonic()
+        live = []
+        for executor in self.executors:
+            stuck = executor.stuck(now)
+            if stuck == "hung" and self.on_hung is not None:
+                self.on_hung(executor)
+            if stuck and executor.id not in self._stalled:
+                log.error(
+                    "executor %s is %s (no progress for over %gs); its heartbeat stops",
+                    executor.id,
+                    stuck,
+                    executor.settings.compute_timeout_s,
+                )
+            if stuck:
+                self._stalled.add(executor.id)
+            else:
+                self._stalled.discard(executor.id)
+            if executor.alive and not stuck:
+                live.append(executor.id)
+        self.table.heartbeat(live, self.ttl_ms)
         self.beats += 1
 
     def _run(self) -> None:

@@ -6,7 +6,18 @@ from importlib import resources
 
 import redis
 
-NAMES = ("route", "begin", "claim", "idle", "state", "complete", "reclaim", "register", "heartbeat")
+NAMES = (
+    "route",
+    "begin",
+    "claim",
+    "idle",
+    "state",
+    "complete",
+    "reclaim",
+    "bury",
+    "register",
+    "heartbeat",
+)
 
 
 def source(name: str) -> str:

@@ -27,3 +27,38 @@ local function claim_l1(first, last, inflight, n, out)
   end
   return out
 end
+
+-- A redelivered task waits in its model's retry list and is computed alone, so a
+-- task that kills its executor takes no other task down with it. If out is still
+-- empty, move one retry task into in-flight; returns true if it did.
+local function claim_retry(retry, inflight, out)
+  if #out > 0 then return false end
+  local m = redis.call('RPOPLPUSH', retry, inflight)
+  if not m then return false end
+  out[1] = m
+  return true
+end
+
+-- Store a Celery result and publish it, unless a SUCCESS is already stored: a
+-- redelivered task keeps one consistent result. Returns true if it stored.
+local function store_result(key, meta, ttl, stats)
+  local old = redis.call('GET', key)
+  if old then
+    local ok, decoded = pcall(cjson.decode, old)
+    if ok and type(decoded) == 'table' and decoded.status == 'SUCCESS' then
+      redis.call('HINCRBY', stats, 'duplicates', 1)
+      return false
+    end
+  end
+  redis.call('SET', key, meta, 'EX', ttl)
+  redis.call('PUBLISH', key, meta)
+  return true
+end
+
+-- Add one JSON record to the dead-letter list, newest first, capped and expiring.
+local function dead_letter(dead, record, cap, ttl, stats)
+  redis.call('LPUSH', dead, record)
+  redis.call('LTRIM', dead, 0, tonumber(cap) - 1)
+  redis.call('EXPIRE', dead, ttl)
+  redis.call('HINCRBY', stats, 'dead_lettered', 1)
+end

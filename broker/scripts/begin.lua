@@ -1,6 +1,7 @@
 -- Start a batch: move all of L2 into in-flight, top up from L1, go WORKING.
+-- A batch that would be empty takes one redelivered task alone instead.
 -- If nothing was taken before (ARGV[3] == 0) and nothing arrives, stay as is.
--- KEYS: executor hash, L2, in-flight, changes, L1 keys of every priority
+-- KEYS: executor hash, L2, in-flight, changes, retry list, L1 keys of every priority
 -- ARGV: executor id, room (max_batch - taken), taken
 -- Returns the messages moved by this call.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
@@ -10,7 +11,9 @@ while true do
   if not m then break end
   out[#out + 1] = m
 end
-claim_l1(5, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
+if not (tonumber(ARGV[3]) == 0 and claim_retry(KEYS[5], KEYS[3], out)) then
+  claim_l1(6, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
+end
 if #out == 0 and tonumber(ARGV[3]) == 0 then return out end
 if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return out end
 redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)

@@ -1,5 +1,9 @@
--- Claim up to N tasks from L1, oldest first, into in-flight. The executor stays WORKING.
--- KEYS: executor hash, in-flight, L1 keys of every priority
--- ARGV: n
+-- Claim tasks into in-flight. The executor stays WORKING. A batch that is still
+-- empty (ARGV[2] == '1') takes one redelivered task alone if there is one;
+-- otherwise up to N from L1, oldest and highest priority first.
+-- KEYS: executor hash, in-flight, retry list, L1 keys of every priority
+-- ARGV: n, '1' if the batch is empty
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
-return claim_l1(3, #KEYS, KEYS[2], tonumber(ARGV[1]), {})
+local out = {}
+if ARGV[2] == '1' and claim_retry(KEYS[3], KEYS[2], out) then return out end
+return claim_l1(4, #KEYS, KEYS[2], tonumber(ARGV[1]), out)

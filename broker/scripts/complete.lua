@@ -2,27 +2,16 @@
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
 -- KEYS: in-flight, executor hash, dead-letter list, stats hash
--- ARGV: result ttl seconds, then (raw message, result key, result JSON) triples;
---       an empty result key sends the raw message to the dead-letter list.
-local ttl = tonumber(ARGV[1])
+-- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, then (raw message,
+--       result key, result JSON) triples; an empty result key means the JSON is
+--       a dead-letter record (a message without a usable id).
 local n = 0
-for i = 2, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if key == '' then
-    redis.call('LPUSH', KEYS[3], raw)
+    dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4])
   else
-    local old = redis.call('GET', key)
-    local keep = false
-    if old then
-      local ok, decoded = pcall(cjson.decode, old)
-      keep = ok and type(decoded) == 'table' and decoded.status == 'SUCCESS'
-    end
-    if keep then
-      redis.call('HINCRBY', KEYS[4], 'duplicates', 1)
-    else
-      redis.call('SET', key, meta, 'EX', ttl)
-      redis.call('PUBLISH', key, meta)
-    end
+    store_result(key, meta, ARGV[1], KEYS[4])
   end
   redis.call('LREM', KEYS[1], 1, raw)
   n = n + 1

@@ -1,7 +1,8 @@
--- Go IDLE, with full capacity, only if every L1 list of the model is empty.
--- KEYS: executor hash, changes, L1 keys of every priority
+-- Go IDLE, with full capacity, only if the model's retry list and every L1 list
+-- are empty.
+-- KEYS: executor hash, changes, retry list, L1 keys of every priority
 -- ARGV: executor id, max_batch
--- Returns 1 when IDLE, 0 when L1 holds work.
+-- Returns 1 when IDLE, 0 when there is work to claim.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
 -- A stopping executor stays STOPPING, with no capacity: nothing more is routed to it.
 if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 1 end

@@ -1,32 +1,57 @@
--- Move an executor's L2 and in-flight tasks back to the head of L1 (the end
--- consumers pop), oldest nearest the head, each to its priority's list,
--- then remove the executor. Unless forced, only if its heartbeat lapsed.
--- In-flight tasks moved back count as redelivered in the stats hash.
--- KEYS: executor hash, executors set, L2, in-flight, changes, stats, L1 keys of priority 0,3,6,9
--- ARGV: executor id, force ('1' or '0')
+-- Hand an executor's tasks back and remove it. Unless forced, only if its
+-- heartbeat lapsed.
+-- L2 tasks were never started: they go back to the head of L1 (the end
+-- consumers pop), each to its priority's list. In-flight tasks were claimed:
+-- if the executor died or crashed holding them (ARGV[3] == '1'), each gets a
+-- delivery, recorded as this executor's id in its deliveries list. A task with
+-- max_deliveries goes to the poison list, for the coordinator to bury; one with
+-- fewer but some goes to the retry list, to be computed alone; others to L1.
+-- KEYS: executor hash, executors set, L2, in-flight, changes, stats, retry,
+--       poison, L1 keys of priority 0,3,6,9
+-- ARGV: executor id, force ('1' or '0'), count deliveries ('1' or '0'),
+--       max deliveries, deliveries key prefix, deliveries ttl s
 -- Returns the number of tasks moved, or -1 if the executor is alive.
 local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_ms'))
 if ARGV[2] ~= '1' and expires and expires > now_ms() then return -1 end
-local function step(m)
+local function l1_of(m)
   local ok, msg = pcall(cjson.decode, m)
   local p = 0
   if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
     p = tonumber(msg.properties.priority) or 0
   end
-  if p >= 9 then return 4 elseif p >= 6 then return 3 elseif p >= 3 then return 2 end
-  return 1
+  if p >= 9 then return KEYS[12] elseif p >= 6 then return KEYS[11]
+  elseif p >= 3 then return KEYS[10] end
+  return KEYS[9]
 end
-local redelivered = redis.call('LLEN', KEYS[4])
-if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivered) end
 local n = 0
-for _, list in ipairs({KEYS[3], KEYS[4]}) do
-  for _, m in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    redis.call('RPUSH', KEYS[6 + step(m)], m)
-    n = n + 1
-  end
-  redis.call('DEL', list)
+for _, m in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  redis.call('RPUSH', l1_of(m), m)
+  n = n + 1
 end
+redis.call('DEL', KEYS[3])
+local count, most = ARGV[3] == '1', tonumber(ARGV[4])
+local redelivered, poisoned = 0, 0
+for _, m in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  local deliveries = ARGV[5] .. redis.sha1hex(m)
+  if count then
+    redis.call('RPUSH', deliveries, ARGV[1])
+    redis.call('EXPIRE', deliveries, ARGV[6])
+  end
+  local times = redis.call('LLEN', deliveries)
+  if times >= most then
+    redis.call('RPUSH', KEYS[8], m)
+    poisoned = poisoned + 1
+  elseif times > 0 then
+    redis.call('RPUSH', KEYS[7], m)
+  else
+    redis.call('RPUSH', l1_of(m), m)
+  end
+  redelivered = redelivered + 1
+end
+redis.call('DEL', KEYS[4])
+if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivered) end
+if poisoned > 0 then redis.call('HINCRBY', KEYS[6], 'poisoned', poisoned) end
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
-return n
+return n + redelivered

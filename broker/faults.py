@@ -1,0 +1,61 @@
+"""Fault injection for tests: make a named Table step fail, once, at its Nth call.
+
+Set TANDEM_TEST_FAULTS in a worker's environment to a comma-separated list of
+``STEP:WHEN:NTH[:KIND]``:
+
+- STEP: a Table method (claim, begin, go_idle, wait_l2, capacity, set_state, complete,
+  reclaim, register).
+- WHEN: ``before`` the call reaches Redis, or ``after`` it ran there (a lost reply).
+- NTH: the call that fails, counting from 1; ``*`` fails every call.
+- KIND: ``redis`` (a ConnectionError, the default) or ``crash`` (a RuntimeError, as a
+  bug would raise).
+
+Unset, it costs one dict lookup per step. Never set it in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import redis
+
+from broker.errors import BadSetting
+
+ENV = "TANDEM_TEST_FAULTS"
+log = logging.getLogger("tandem.faults")
+
+
+class Faults:
+    def __init__(self, spec: str = "") -> None:
+        self.rules: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self.calls: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            fields = part.split(":")
+            if len(fields) not in (3, 4) or fields[1] not in ("before", "after"):
+                raise BadSetting(f"{ENV}: {part!r} is not STEP:before|after:NTH[:redis|crash]")
+            kind = fields[3] if len(fields) == 4 else "redis"
+            if kind not in ("redis", "crash") or not (fields[2] == "*" or fields[2].isdigit()):
+                raise BadSetting(f"{ENV}: {part!r} is not STEP:before|after:NTH[:redis|crash]")
+            self.rules.setdefault((fields[0], fields[1]), []).append((fields[2], kind))
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        return cls(os.environ.get(ENV, ""))
+
+    def at(self, step: str, when: str) -> None:
+        """Raise the injected fault if one is due at this step."""
+        rules = self.rules.get((step, when))
+        if not rules:
+            return
+        with self._lock:
+            n = self.calls[step, when] = self.calls.get((step, when), 0) + 1
+        for nth, kind in rules:
+            if nth == "*" or int(nth) == n:
+                text = f"injected fault at {step}:{when}:{n}"
+                log.warning("%s", text)
+                if kind == "crash":
+                    raise RuntimeError(text)
+                raise redis.ConnectionError(text)
