@@ -49,6 +49,9 @@ def main() -> None:
 @click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
 @click.option("--max-queue", type=int, help="Bound on each model's L1; submit raises QueueFull.")
 @click.option("--heartbeat-ttl-s", type=float, help="Dead after this long without a heartbeat.")
+@click.option(
+    "--compute-timeout-s", type=float, help="Exit (code 70) if a batch hangs this long; 0: never."
+)
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
 @click.option("--device", help="auto, cpu or cuda:N.")
@@ -72,6 +75,9 @@ def worker(**flags) -> None:
     help="How often to look for dead executors (default 0.5).",
 )
 @click.option("--metrics-port", type=int, help="Serve Prometheus /metrics on this port.")
+@click.option(
+    "--max-deliveries", type=int, help="Quarantine a task after this many deaths (default 3)."
+)
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def coordinator(**flags) -> None:
     """Expire dead executors, reclaim their tasks, publish state changes."""
@@ -132,6 +138,46 @@ def status(redis_url, as_json, watch, interval) -> None:
         watch_live(client, interval)
     else:
         render(client)
+
+
+@main.command()
+@_redis_option
+@click.option("--limit", type=int, default=20, show_default=True, help="How many, newest first.")
+@click.option("--requeue", is_flag=True, help="Submit the listed ones again, and drop them.")
+@click.option("--purge", is_flag=True, help="Delete every dead letter.")
+@click.option("--json", "as_json", is_flag=True, help="Print the data as JSON, for scripts.")
+def dead(redis_url, limit, requeue, purge, as_json) -> None:
+    """The dead letters (poison tasks, messages without an id): list, requeue or purge."""
+    import redis
+
+    from broker import deadletter
+    from broker.table import Table
+
+    if requeue and purge:
+        raise click.UsageError("choose --requeue or --purge, not both")
+    settings = _settings(redis_url=redis_url)
+    client = redis.Redis.from_url(settings.redis_url, client_name="tandem-dead")
+    if purge:
+        click.echo(f"purged {deadletter.purge(client)} dead letters")
+        return
+    total, letters = deadletter.count(client), deadletter.read(client, limit)
+    if as_json and not requeue:
+        click.echo(json.dumps({"count": total, "letters": [x.row() for x in letters]}, indent=2))
+        return
+    if not requeue:
+        click.echo(f"{total} dead letters" + (f", the newest {len(letters)}:" if total else ""))
+        for x in letters:
+            click.echo(f"  {x.at[:19]}  {x.id or '(no id)'}  {x.model or '-'}  {x.reason}")
+        return
+    table, failed = Table(client, settings), 0
+    for x in letters:
+        try:
+            click.echo(f"requeued {x.id or '(no id)'} to {deadletter.requeue(table, x)}")
+        except TandemError as e:
+            failed += 1
+            click.echo(f"kept {x.id or '(no id)'}: {e}", err=True)
+    if failed:
+        sys.exit(1)
 
 
 @main.command()

@@ -3,10 +3,12 @@
 Set TANDEM_TEST_FAULTS in a worker's environment to a comma-separated list of
 ``STEP:WHEN:NTH[:KIND]``:
 
-- STEP: a Table method (claim, begin, go_idle, wait_l2, capacity, set_state, complete,
-  reclaim, register).
-- WHEN: ``before`` the call reaches Redis, or ``after`` it ran there (a lost reply).
-- NTH: the call that fails, counting from 1; ``*`` fails every call.
+- STEP: an executor step in Table: a script (register, claim, begin, idle, state,
+  complete, reclaim) or wait_l2 (the BLMOVE on L2) or capacity (the window's HGET).
+- WHEN: ``before`` the call reaches Redis, or ``after`` it ran there and did something
+  (a non-empty reply, then lost): the step that strands work if it is mishandled.
+- NTH: the call that fails, counting from 1 (``after``: only calls that did something);
+  ``*`` fails every one.
 - KIND: ``redis`` (a ConnectionError, the default) or ``crash`` (a RuntimeError, as a
   bug would raise).
 
@@ -45,10 +47,10 @@ class Faults:
     def from_env(cls) -> Faults:
         return cls(os.environ.get(ENV, ""))
 
-    def at(self, step: str, when: str) -> None:
-        """Raise the injected fault if one is due at this step."""
+    def at(self, step: str, when: str, reply: object = True) -> None:
+        """Raise the injected fault if one is due at this step (after: given its reply)."""
         rules = self.rules.get((step, when))
-        if not rules:
+        if not rules or not reply:
             return
         with self._lock:
             n = self.calls[step, when] = self.calls.get((step, when), 0) + 1

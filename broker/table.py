@@ -55,6 +55,19 @@ class ExecutorInfo:
         return self.tasks / self.batches if self.batches else 0.0
 
 
+class Claimed(list):
+    """Messages a claim moved into in-flight. `redelivered`: it is one task from the retry
+    list, taken alone, which may be what killed an executor before."""
+
+    redelivered = False
+
+
+def _claimed(reply: list) -> Claimed:
+    out = Claimed(reply[1:])
+    out.redelivered = bool(reply[0])
+    return out
+
+
 def _gone(e: redis.ResponseError) -> bool:
     return str(e).startswith("GONE")
 
@@ -75,7 +88,7 @@ class Table:
     def _step(self, name: str, call):
         self.faults.at(name, "before")
         reply = call()
-        self.faults.at(name, "after")
+        self.faults.at(name, "after", reply)
         return reply
 
     # Producers
@@ -154,7 +167,7 @@ class Table:
         )
         return [executor_ids[i - 1] for i in missing]
 
-    def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> list[bytes]:
+    def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> Claimed:
         """Start a batch: take all of L2 and top up (an empty batch takes one retry task
         alone); go WORKING if anything is held."""
         script_keys = [
@@ -164,9 +177,9 @@ class Table:
             keys.CHANGES,
             *keys.claim_keys(model),
         ]
-        return self._call("begin", script_keys, [executor_id, room, taken])
+        return _claimed(self._call("begin", script_keys, [executor_id, room, taken]))
 
-    def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> list[bytes]:
+    def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> Claimed:
         """Claim into in-flight: one retry task if `alone` (the batch is empty) and there is
         one, else up to n tasks from L1, oldest and highest priority first."""
         script_keys = [
@@ -174,7 +187,7 @@ class Table:
             keys.inflight(executor_id),
             *keys.claim_keys(model),
         ]
-        return self._call("claim", script_keys, [n, "1" if alone else "0"])
+        return _claimed(self._call("claim", script_keys, [n, "1" if alone else "0"]))
 
     def go_idle(self, executor_id: str, model: str, max_batch: int) -> bool:
         """Go IDLE only if the retry list and L1 are empty, in one atomic step."""
@@ -196,7 +209,7 @@ class Table:
         key = keys.executor(executor_id)
         return int(self._step("capacity", lambda: self.redis.hget(key, "cap")) or 0)
 
-    def complete(self, executor_id: str, entries: Sequence[tuple[bytes, str, str]]) -> None:
+    def complete(self, executor_id: str, entries: Sequence[tuple[bytes, str, str]]) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id."""
         s = self.settings
@@ -209,7 +222,7 @@ class Table:
             keys.DEAD,
             keys.STATS,
         ]
-        self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
+        return self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False

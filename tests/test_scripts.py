@@ -251,9 +251,11 @@ def test_a_redelivered_task_is_claimed_alone_and_before_l1(table, r):
     assert not table.go_idle("a", MODEL, 4)  # the retry list is work
     # A batch with room but tasks already in it never takes a retry task.
     assert ids_in_batch(table.claim("a", MODEL, 1)) == fresh[:1]
-    assert len(table.claim("a", MODEL, 4, alone=True)) == 1
+    redelivered = table.claim("a", MODEL, 4, alone=True)
+    assert len(redelivered) == 1 and redelivered.redelivered
     assert r.llen(keys.retry(MODEL)) == 0
-    assert ids_in_batch(table.claim("a", MODEL, 4, alone=True)) == fresh[1:]
+    rest = table.claim("a", MODEL, 4, alone=True)
+    assert ids_in_batch(rest) == fresh[1:] and not rest.redelivered
 
 
 def test_begin_takes_a_retry_task_alone_only_into_an_empty_batch(table, r):
@@ -265,7 +267,8 @@ def test_begin_takes_a_retry_task_alone_only_into_an_empty_batch(table, r):
     in_l1 = route(table, 1)[0]
     assert ids_in_batch(table.begin("a", MODEL, room=3, taken=1)) == [in_l1]
     assert r.lrange(keys.retry(MODEL), 0, -1) == retry
-    assert table.begin("a", MODEL, room=4, taken=0) == retry
+    alone = table.begin("a", MODEL, room=4, taken=0)
+    assert alone == retry and alone.redelivered
 
 
 def ids_in_batch(batch: list[bytes]) -> list[str]:

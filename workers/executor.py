@@ -248,7 +248,7 @@ class Executor:
             return False
         delay = min(0.5 * 2 ** (self._in_a_row - 1), 10.0)
         log.error(
-            "executor %s crashed (%s: %s); restart %d in %.1fs, its tasks go back through "
+            "executor %s failed (%s: %s); restart %d in %.1fs, its tasks go back through "
             "reclaim first",
             self.id,
             type(error).__name__,
@@ -347,7 +347,7 @@ class Executor:
         more = self.table.begin(
             self.id, self.model_ref, room=self.max_batch - len(taken), taken=len(taken)
         )
-        batch = taken + more
+        batch = taken + more if taken else more  # keeps `more.redelivered`
         if batch:
             self._moved(State.WORKING)
         return batch
@@ -367,6 +367,10 @@ class Executor:
             ready += [n for n in range(first, len(tasks)) if tasks[n].error is None]
         outputs: dict[int, Any] = {}
         started_at = time.time()
+        if ready and getattr(batch, "redelivered", False) and self._returner.is_alive():
+            # A suspect computes with nothing else in in-flight: if it kills the process,
+            # the previous batch, stored by now, is not blamed with it.
+            self._slot.join()
         if ready:
             self._busy_since = time.monotonic()
             try:

@@ -62,3 +62,10 @@ local function dead_letter(dead, record, cap, ttl, stats)
   redis.call('EXPIRE', dead, ttl)
   redis.call('HINCRBY', stats, 'dead_lettered', 1)
 end
+
+-- The reply of a claiming script: 1 if the batch is one redelivered task, else 0,
+-- then the messages it moved into in-flight.
+local function claimed(out, redelivered)
+  table.insert(out, 1, redelivered and 1 or 0)
+  return out
+end

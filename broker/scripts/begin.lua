@@ -3,7 +3,7 @@
 -- If nothing was taken before (ARGV[3] == 0) and nothing arrives, stay as is.
 -- KEYS: executor hash, L2, in-flight, changes, retry list, L1 keys of every priority
 -- ARGV: executor id, room (max_batch - taken), taken
--- Returns the messages moved by this call.
+-- Returns 1 if it took a redelivered task, else 0, then the messages moved by this call.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
 local out = {}
 while true do
@@ -11,11 +11,12 @@ while true do
   if not m then break end
   out[#out + 1] = m
 end
-if not (tonumber(ARGV[3]) == 0 and claim_retry(KEYS[5], KEYS[3], out)) then
+local redelivered = tonumber(ARGV[3]) == 0 and claim_retry(KEYS[5], KEYS[3], out)
+if not redelivered then
   claim_l1(6, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
 end
-if #out == 0 and tonumber(ARGV[3]) == 0 then return out end
-if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return out end
+if #out == 0 and tonumber(ARGV[3]) == 0 then return claimed(out, false) end
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return claimed(out, redelivered) end
 redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
-return out
+return claimed(out, redelivered)
