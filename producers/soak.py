@@ -1,7 +1,11 @@
-"""`tandem soak`: mixed load for N minutes with worker kills and one Redis restart.
+"""`tandem soak`: mixed load for N minutes with worker kills, poison tasks and one Redis
+restart.
 
-It runs its own Redis (AOF, appendfsync always), a coordinator and 3 workers, and
-at the end prints what happened to every task whose submit returned.
+It runs its own Redis (AOF, appendfsync always), a coordinator and 3 workers serving
+sim, tiny and a saboteur model (producers/chaos.py). Every 60 s (and at the start) it
+submits one task that kills its worker and one that hangs it (compute_timeout_s 2 s); a
+supervisor restarts any worker that exits. At the end it prints what happened to every
+task whose submit returned.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from pathlib import Path
 
 import redis
 
-from broker import keys
+from broker import deadletter, keys, message
 from broker.errors import BrokerUnavailable, QueueFull
 from broker.server import RedisServer
 from broker.settings import Settings
 from broker.stack import spawn, stop_process, wait_for_executors
 from broker.table import Table
+from producers import chaos
 from producers.client import Client
 
-MODELS = ("sim:1", "tiny:1")
+MODELS = ("sim:1", "tiny:1", "saboteur:1")
+POISON_EVERY_S = 60.0
 
 
 @dataclass
@@ -38,12 +44,18 @@ class Report:
     duplicates: int = 0
     redelivered: int = 0
     kills: int = 0
+    exits: Counter = field(default_factory=Counter)
+    quarantined: int = 0
+    poison_sent: int = 0
     redis_restarts: int = 0
     recoveries_s: list[float] = field(default_factory=list)
+    served_again_s: list[float] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         worst = max(self.recoveries_s, default=0.0)
+        served = max(self.served_again_s, default=0.0)
         failed = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        exits = ", ".join(f"code {k}: {v}" for k, v in sorted(self.exits.items())) or "none"
         return [
             f"submitted (accepted)   {self.submitted}",
             f"refused while down     {self.refused}",
@@ -53,8 +65,12 @@ class Report:
             f"duplicated (kept once) {self.duplicates}",
             f"redelivered            {self.redelivered}",
             f"worker kills survived  {self.kills}",
+            f"poison tasks sent      {self.poison_sent} (quarantined {self.quarantined})",
+            f"workers that exited    {exits} (restarted)",
             f"Redis restarts         {self.redis_restarts}",
             f"max recovery (kill to reclaim) {worst:.2f} s over {len(self.recoveries_s)} kills",
+            f"max recovery (kill to its tasks served again) {served:.2f} s over "
+            f"{len(self.served_again_s)} kills of workers holding tasks",
         ]
 
 
@@ -73,9 +89,11 @@ class Soak:
         self.settings = settings.replace(
             redis_url=self.server.url,
             models=MODELS,
+            repository=str(chaos.write_repository(folder / "repo")),
             heartbeat_ttl_s=2.0,
             heartbeat_s=0.5,
             coordinator_interval_s=0.2,
+            compute_timeout_s=2.0,
         )
         self.redis = redis.Redis.from_url(self.server.url)
         self.report = Report()
@@ -83,26 +101,47 @@ class Soak:
         self.workers: dict[str, object] = {}
         self.coordinator = spawn(["coordinator"], self.settings, folder / "logs" / "coord.log")
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the chaos and supervisor threads both start workers
         self._n = 0
 
     def start_worker(self) -> None:
-        name = f"soak{self._n}"
-        self._n += 1
+        with self._lock:
+            name = f"soak{self._n}"
+            self._n += 1
         worker = self.settings.replace(hostname=f"{name}@soak")
         self.workers[worker.hostname] = spawn(
             ["worker"], worker, self.folder / "logs" / f"{name}.log"
         )
 
+    def supervise(self) -> None:
+        """Restart each worker that exits by itself, as compose or Kubernetes would."""
+        while not self._stop.wait(0.2):  # a supervisor's polling interval
+            for name, process in list(self.workers.items()):
+                if process.poll() is not None and self.workers.pop(name, None):
+                    self.report.exits[process.returncode] += 1
+                    self.start_worker()
+
     def produce(self) -> None:
         rng = random.Random(7)
         client = Client(settings=self.settings)
+        next_poison = time.monotonic()
         while not self._stop.wait(rng.expovariate(self.rate)):  # Poisson arrivals
             kind = rng.choices(["ok", "bad", "deadline"], weights=[90, 5, 5])[0]
+            if time.monotonic() >= next_poison:
+                kind, next_poison = "poison", next_poison + POISON_EVERY_S
             try:
+                if kind == "poison":
+                    for marker in (chaos.KILL, chaos.HANG):
+                        result = client.submit("saboteur:1", [marker, 0, 0, 0])
+                        self.accepted[result.id] = kind
+                        self.report.poison_sent += 1
+                    continue
                 if kind == "bad":
                     result = client.submit("tiny:1", [1.0, 2.0])
                 elif kind == "deadline":
                     result = client.submit("sim:1", ["d"], deadline_s=0.05)
+                elif rng.random() < 0.1:
+                    result = client.submit("saboteur:1", [rng.random() for _ in range(4)])
                 elif rng.random() < 0.5:
                     result = client.submit("tiny:1", [rng.random() for _ in range(8)])
                 else:
@@ -136,16 +175,30 @@ class Soak:
         process = self.workers.pop(victim.worker, None)
         if process is None:
             return
+        held = self._held(victim.id)
         process.kill()
         killed = time.monotonic()
         self.report.kills += 1
         self.start_worker()
         deadline = killed + 60
+        reclaimed = False
         while time.monotonic() < deadline:  # measuring the recovery, bounded
-            if not self.redis.exists(keys.executor(victim.id)):
+            if not reclaimed and not self.redis.exists(keys.executor(victim.id)):
                 self.report.recoveries_s.append(time.monotonic() - killed)
+                reclaimed = True
+            if reclaimed and not held:
+                return
+            if reclaimed and self._count([keys.result(t) for t in held]) == len(held):
+                self.report.served_again_s.append(time.monotonic() - killed)
                 return
             time.sleep(0.02)
+
+    def _held(self, executor_id: str) -> list[str]:
+        """Ids of the good tasks in an executor's L2 and in-flight lists."""
+        raws = self.redis.lrange(keys.inflight(executor_id), 0, -1)
+        raws += self.redis.lrange(keys.l2(executor_id), 0, -1)
+        ids = [message.decode(raw, max_bytes=self.settings.max_message_bytes).id for raw in raws]
+        return [i for i in ids if self.accepted.get(i) == "ok"]
 
     def restart_redis(self) -> None:
         self.server.kill()
@@ -157,7 +210,11 @@ class Soak:
         for _ in range(3):
             self.start_worker()
         wait_for_executors(self.redis, 3 * len(MODELS), 120, list(self.workers.values()))
-        threads = [threading.Thread(target=self.produce), threading.Thread(target=self.chaos)]
+        threads = [
+            threading.Thread(target=self.produce),
+            threading.Thread(target=self.chaos),
+            threading.Thread(target=self.supervise),
+        ]
         for thread in threads:
             thread.start()
         time.sleep(self.seconds)  # the soak's duration
@@ -167,16 +224,23 @@ class Soak:
         self.drain()
         return self.report
 
-    def drain(self, timeout_s: float = 120.0) -> None:
+    def drain(self, timeout_s: float = 180.0) -> None:
         ids = list(self.accepted)
         result_keys = [keys.result(t) for t in ids]
         deadline = time.monotonic() + timeout_s
+        supervisor = threading.Thread(target=self.supervise)
+        self._stop.clear()  # poison tasks still take workers down while draining
+        supervisor.start()
         while time.monotonic() < deadline and self._count(result_keys) < len(ids):
             time.sleep(0.2)  # waiting for the backlog, bounded
+        self._stop.set()
+        supervisor.join()
         for process in self.workers.values():
             stop_process(process)
         stop_process(self.coordinator)
-        queued = sum(self.redis.llen(k) for m in MODELS for k in keys.l1_keys(m))
+        queued = self.redis.llen(keys.POISON) + sum(
+            self.redis.llen(k) for m in MODELS for k in keys.claim_keys(m)
+        )
         report = self.report
         report.submitted = len(ids)
         for raw in self._values(result_keys):
@@ -192,6 +256,9 @@ class Soak:
         stats = self.redis.hgetall(keys.STATS)
         report.duplicates = int(stats.get(b"duplicates", 0))
         report.redelivered = int(stats.get(b"redelivered", 0))
+        report.quarantined = sum(
+            x.reason.startswith("PoisonMessage") for x in deadletter.read(self.redis, 10_000)
+        )
         self.server.stop()
 
     def _count(self, result_keys: list[str]) -> int:

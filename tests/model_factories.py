@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
-
 import torch
 
 
@@ -29,18 +26,3 @@ def masked_mean(config) -> torch.nn.Module:
 
 def linear(config) -> torch.nn.Module:
     return torch.nn.Linear(4, 2)
-
-
-class Saboteur(torch.nn.Module):
-    """y = x for x [B, 4]; an input holding 13 kills the process, one holding 14 hangs."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if bool((x == 13).any()):
-            os._exit(13)
-        if bool((x == 14).any()):
-            threading.Event().wait()  # a hung kernel: never returns
-        return x.clone()
-
-
-def saboteur(config) -> torch.nn.Module:
-    return Saboteur()

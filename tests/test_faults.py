@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -224,9 +225,14 @@ def test_a_short_soak_loses_nothing(tmp_path):
     lines = dict(
         line.rsplit(None, 1)
         for line in done.stdout.splitlines()
-        if not line.startswith(("failed", "max recovery"))
+        if not line.startswith(("failed", "max recovery", "poison", "workers that"))
     )
     assert lines["lost"] == "0"
+    # The poison tasks it sent (one that kills, one that hangs) were all quarantined.
+    (poison,) = [x for x in done.stdout.splitlines() if x.startswith("poison tasks sent")]
+    sent, quarantined = re.findall(r"\d+", poison)
+    assert int(sent) >= 2 and quarantined == sent, poison
+    assert "PoisonMessage" in done.stdout
     assert int(lines["submitted (accepted)"]) > 500
     assert lines["Redis restarts"] == "1"
     assert int(lines["worker kills survived"]) >= 1

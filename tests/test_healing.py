@@ -16,27 +16,15 @@ from broker.server import RedisServer
 from broker.stack import spawn, stop_process
 from broker.table import Table
 from helpers import executors_of, wait_until
+from producers import chaos
 from producers.client import Client
 from workers.bootstep import EXIT_UNHEALTHY
 
-TESTS = Path(__file__).parent
-
 
 @pytest.fixture
-def saboteur_repo(tmp_path, monkeypatch) -> Path:
-    """A repository with saboteur:1 (tests/model_factories.py), importable by workers."""
-    folder = tmp_path / "repo" / "saboteur" / "1"
-    folder.mkdir(parents=True)
-    config = {
-        "max_batch_size": 8,
-        "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}],
-        "outputs": [{"name": "y", "dtype": "float32", "shape": [4]}],
-        "artifact": {"factory": "model_factories:saboteur"},
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)
-    return tmp_path / "repo"
+def saboteur_repo(tmp_path) -> Path:
+    """A repository with saboteur:1 (producers/chaos.py)."""
+    return chaos.write_repository(tmp_path / "repo")
 
 
 def results_of(r: redis.Redis, ids: list[str]) -> dict[str, dict]:
@@ -54,10 +42,10 @@ def test_poison_tasks_are_quarantined_and_every_other_task_completes(
     worker["compute_timeout_s"] = 1.0
     started = [processes.worker(f"w{n}", **worker) for n in range(2)]
     with Client(settings=settings) as client:
-        # Good inputs never hold 13 or 14, the saboteur's markers.
+        # Good inputs never hold chaos.KILL or chaos.HANG.
         good = {client.submit("saboteur:1", [n + 0.5, 0, 0, 0]).id: n for n in range(15)}
-        killer = client.submit("saboteur:1", [13, 0, 0, 0]).id
-        hanger = client.submit("saboteur:1", [14, 0, 0, 0]).id
+        killer = client.submit("saboteur:1", [chaos.KILL, 0, 0, 0]).id
+        hanger = client.submit("saboteur:1", [chaos.HANG, 0, 0, 0]).id
         good |= {client.submit("saboteur:1", [n + 0.5, 1, 1, 1]).id: n for n in range(15, 30)}
     ids = [*good, killer, hanger]
     exits = []
@@ -83,9 +71,9 @@ def test_poison_tasks_are_quarantined_and_every_other_task_completes(
     for letter in letters.values():
         assert len(letter.executors) == settings.max_deliveries
         assert all("/saboteur:1/" in e for e in letter.executors)
-    # Killed by the model (13), or exited on the hung compute (70); never anything else.
+    # Killed by the model (KILL), or exited on the hung compute (70); never anything else.
     # (When both were in one batch, the kill counted a delivery for the hung one too.)
-    assert set(exits) == {13, EXIT_UNHEALTHY}, exits
+    assert set(exits) == {chaos.KILL, EXIT_UNHEALTHY}, exits
     assert len(exits) <= 2 * settings.max_deliveries, exits
     assert r.llen(keys.retry("saboteur:1")) == r.llen(keys.POISON) == 0
 
