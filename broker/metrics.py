@@ -30,6 +30,13 @@ HELP = {
     "latency_ms": "Time from submit to the stored result, in milliseconds.",
 }
 STATES = ("IDLE", "WAITING", "WORKING", "STOPPING")
+#: Counters of keys.STATS, kept by the scripts.
+STATS = {
+    "redelivered": "Tasks handed back from an executor's in-flight list.",
+    "duplicates": "Second results of a redelivered task, dropped.",
+    "poisoned": "Tasks that reached max_deliveries.",
+    "dead_lettered": "Dead letters written (poison tasks and messages without an id).",
+}
 
 
 def observe(counts: Counter, name: str, value: float) -> None:
@@ -86,12 +93,18 @@ class Collector:
         failures = CounterMetricFamily(
             "tandem_task_failures", "Failed tasks by reason.", labels=["model", "reason"]
         )
+        retry = GaugeMetricFamily(
+            "tandem_retry_depth",
+            "Redelivered tasks waiting to be computed alone.",
+            labels=["model"],
+        )
         histograms = {
             name: HistogramMetricFamily(f"tandem_{name}", HELP[name], labels=["model"])
             for name in HISTOGRAMS
         }
         for model in models:
             l1.add_metric([model], self.table.l1_depth(model))
+            retry.add_metric([model], self.redis.llen(keys.retry(model)))
             mine = [e for e in executors if e.model == model]
             for state in STATES:
                 states.add_metric([model, state], sum(e.state == state for e in mine))
@@ -113,7 +126,17 @@ class Collector:
                     running += fields.get(f"{name}:{bound}", 0.0)
                     buckets.append((str(bound), running))
                 histograms[name].add_metric([model], buckets, fields.get(f"{name}:sum", 0.0))
-        yield from (l1, l2, states, routes, outcomes, failures, *histograms.values())
+        yield from (l1, l2, retry, states, routes, outcomes, failures, *histograms.values())
+        yield from self._fleet(GaugeMetricFamily, CounterMetricFamily)
+
+    def _fleet(self, gauge, counter) -> Iterator:
+        """What tandem:stats counts over every model, and the dead-letter list's length."""
+        stats = {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
+        for name, text in STATS.items():
+            yield counter(f"tandem_{name}", text, value=stats.get(name, 0))
+        yield gauge(
+            "tandem_dead_letters", "Dead letters kept now.", value=self.redis.llen(keys.DEAD)
+        )
 
 
 def serve(client: redis.Redis, port: int, address: str = "0.0.0.0") -> None:

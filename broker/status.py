@@ -31,7 +31,17 @@ def snapshot(client: redis.Redis) -> dict:
             }
             for e in executors
         ],
-        "queues": [{"model": m, "queue": keys.l1(m), "l1": table.l1_depth(m)} for m in models],
+        "queues": [
+            {
+                "model": m,
+                "queue": keys.l1(m),
+                "l1": table.l1_depth(m),
+                "retry": client.llen(keys.retry(m)),
+            }
+            for m in models
+        ],
+        "poison": client.llen(keys.POISON),
+        "dead_letters": client.llen(keys.DEAD),
     }
 
 
@@ -51,11 +61,14 @@ def tables(data: dict) -> Group:
             str(e["inflight"]),
         )
     queues = RichTable(title="first-level queues")
-    for column in ("model", "queue", "L1 depth"):
+    for column in ("model", "queue", "L1 depth", "retry (alone)"):
         queues.add_column(column)
     for q in data["queues"]:
-        queues.add_row(q["model"], q["queue"], str(q["l1"]))
-    return Group(executors, queues)
+        queues.add_row(q["model"], q["queue"], str(q["l1"]), str(q["retry"]))
+    dead = f"dead letters: {data['dead_letters']} (see `tandem dead`)"
+    if data["poison"]:
+        dead += f"; {data['poison']} poison tasks waiting for the coordinator to bury them"
+    return Group(executors, queues, dead)
 
 
 def render(client: redis.Redis, console: Console | None = None) -> dict:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from test_operations import _scrapes, scrape, value
 
 from broker import deadletter, keys
 from broker.faults import ENV as FAULTS
-from broker.server import RedisServer
+from broker.server import RedisServer, free_port
 from broker.stack import spawn, stop_process
 from broker.table import Table
 from helpers import executors_of, wait_until
@@ -37,7 +38,8 @@ def test_poison_tasks_are_quarantined_and_every_other_task_completes(
 ):
     """One task kills its worker, one hangs it (compute_timeout_s); a supervisor restarts
     workers. Each is dead-lettered after max_deliveries; the 30 good tasks all succeed."""
-    processes.coordinator()
+    port = free_port()
+    processes.coordinator(metrics_port=port)
     worker = {"models": ("saboteur:1",), "repository": str(saboteur_repo)}
     worker["compute_timeout_s"] = 1.0
     started = [processes.worker(f"w{n}", **worker) for n in range(2)]
@@ -77,7 +79,12 @@ def test_poison_tasks_are_quarantined_and_every_other_task_completes(
     assert len(exits) <= 2 * settings.max_deliveries, exits
     assert r.llen(keys.retry("saboteur:1")) == r.llen(keys.POISON) == 0
 
-    # An operator sees them with `tandem dead`.
+    # An operator sees them on the dashboards, and with `tandem dead`.
+    samples = wait_until(lambda: _scrapes(port) and scrape(port), 10, "a scrape")
+    assert value(samples, "tandem_poisoned_total") == 2
+    assert value(samples, "tandem_dead_letters") == 2
+    assert value(samples, "tandem_redelivered_total") >= 2 * settings.max_deliveries - 1
+    assert value(samples, "tandem_retry_depth", model="saboteur:1") == 0
     out = dead_cli(settings)
     assert "2 dead letters" in out and killer in out and hanger in out
     assert "PoisonMessage: quarantined after 3 deliveries" in out

@@ -69,3 +69,18 @@ def test_readonly_is_named_in_the_clients_error(r, settings, readonly):
         client.submit("sim:1", [1])
     assert "Redis refused the command: READONLY" in str(caught.value)
     assert isinstance(caught.value.__cause__, redis.ResponseError)
+
+
+def test_a_script_flush_is_survived_by_every_client(processes, r, settings):
+    """NOSCRIPT after SCRIPT FLUSH (or a Redis restarted without its script cache): each
+    client loads the script again on its next call and goes on."""
+    processes.coordinator()
+    processes.worker("w1")
+    with Client(settings=settings) as client:
+        assert client.submit("sim:1", [1]).get(timeout=30) == [1]
+        r.script_flush()
+        assert [client.submit("sim:1", [n]).get(timeout=30) for n in range(5)] == [
+            [n] for n in range(5)
+        ]
+    log = processes.log("w1")
+    assert "NoScriptError" not in log and "Traceback" not in log
