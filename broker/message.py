@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 from broker import payload
@@ -28,6 +29,8 @@ TASK_NAME = "tandem.infer"
 JSON = "application/json"
 ACCEPTED = (JSON, payload.CONTENT_TYPE)
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: infer(model, inputs): how positional arguments bind.
+PARAMETERS = ("model", "inputs")
 
 
 @dataclass
@@ -108,7 +111,9 @@ def decode(raw: bytes, *, max_bytes: int) -> Task:
     """Decode one envelope. Never raises: a bad message comes back with `error` set.
 
     Sizes are checked before parsing; a message with a usable id keeps it, so that it
-    gets its own FAILURE. One without goes to the dead letters.
+    gets its own FAILURE. One without goes to the dead letters. Protocol-1 and hybrid
+    messages (id, task, args and kwargs in the body, as gocelery and old Celery send
+    them) are converted to protocol 2 first, as Celery's worker does.
     """
     task = Task(raw=raw)
     try:
@@ -116,11 +121,17 @@ def decode(raw: bytes, *, max_bytes: int) -> Task:
             task.id = _scan_id(raw)
             raise BadInput(f"message of {len(raw)} bytes is over the {max_bytes}-byte limit")
         envelope = _object(_json(raw, "message"), "message")
-        headers = _object(envelope.get("headers"), "headers")
+        headers = envelope.get("headers")
+        headers = _object({} if headers is None else headers, "headers")
         task.id = _task_id(headers.get("id"))
+        body = _body(task, envelope) if task.id or "task" not in headers else None
+        if isinstance(body, dict) and "args" in body:
+            task.id = task.id or _task_id(body.get("id"))
+            body, headers = _proto1_to_proto2(body, headers)
+            task.id = _task_id(headers.get("id"))
         if task.id is None:
             raise BadInput(f"no usable task id in headers (got {_short(headers.get('id'))})")
-        _decode_body(task, envelope, headers)
+        _fill(task, body, headers)
     except BadInput as e:
         task.error = e
     except Exception as e:  # noqa: BLE001 - decoding is total: anything unforeseen is bad input
@@ -172,9 +183,8 @@ def _object(value: Any, what: str) -> dict:
     return value
 
 
-def _decode_body(task: Task, envelope: dict, headers: dict) -> None:
-    if headers.get("task") != TASK_NAME:
-        raise BadInput(f"unknown task name {_short(headers.get('task'))}; tandem runs {TASK_NAME}")
+def _body(task: Task, envelope: dict) -> Any:
+    """The decoded body: [args, kwargs, embed] in protocol 2, a dict in protocol 1."""
     content_type = envelope.get("content-type")
     if content_type not in ACCEPTED:
         raise BadInput(
@@ -193,21 +203,51 @@ def _decode_body(task: Task, envelope: dict, headers: dict) -> None:
             raise BadInput("malformed body: not base64") from None
     else:
         data = body.encode()
-    triple = _json(data, "body") if content_type == JSON else payload.loads(data)
+    return _json(data, "body") if content_type == JSON else payload.loads(data)
+
+
+def _proto1_to_proto2(body: dict, headers: dict) -> tuple[list, dict]:
+    """A protocol-1 or hybrid body as ([args, kwargs, embed], headers), by Celery's own
+    conversion (celery.worker.strategy.hybrid_to_proto2)."""
+    from celery.exceptions import InvalidTaskError
+    from celery.worker.strategy import hybrid_to_proto2
+
+    try:
+        triple, merged, _decoded, _utc = hybrid_to_proto2(SimpleNamespace(headers=headers), body)
+    except InvalidTaskError as e:
+        raise BadInput(f"malformed protocol-1 body: {e}") from None
+    return list(triple), merged
+
+
+def _fill(task: Task, triple: Any, headers: dict) -> None:
+    if headers.get("task") != TASK_NAME:
+        raise BadInput(f"unknown task name {_short(headers.get('task'))}; tandem runs {TASK_NAME}")
     if not (isinstance(triple, (list, tuple)) and len(triple) == 3):
         raise BadInput("malformed body: expected [args, kwargs, embed]")
     args, kwargs, _embed = triple
-    if not isinstance(kwargs, dict) or "model" not in kwargs or "inputs" not in kwargs:
-        raise BadInput("malformed body: expected [[], {model, inputs}, embed]")
-    if args:
-        raise BadInput("tandem.infer takes keyword arguments model and inputs, not positional ones")
-    if not isinstance(kwargs["model"], str):
-        raise BadInput(f"model must be a string, got {_short(kwargs['model'])}")
-    task.model = kwargs["model"]
-    task.inputs = kwargs["inputs"]
+    task.model, task.inputs = _bind(args, kwargs)
     check_depth(task.inputs)
     task.expires = _parse_expires(headers.get("expires"))
     task.sent_at = _sent_at(headers.get("tandem_sent_at"))
+
+
+def _bind(args: Any, kwargs: Any) -> tuple[str, Any]:
+    """(model, inputs) from args and kwargs, bound as Python binds infer(model, inputs)."""
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+        raise BadInput("malformed body: args must be a list and kwargs an object")
+    if len(args) > len(PARAMETERS):
+        raise BadInput(f"{TASK_NAME} takes model and inputs, got {len(args)} positional arguments")
+    bound = dict(zip(PARAMETERS, args, strict=False))
+    for name, value in kwargs.items():
+        if name in bound:
+            raise BadInput(f"{TASK_NAME} got multiple values for argument {name!r}")
+        bound[name] = value
+    missing = [name for name in PARAMETERS if name not in bound]
+    if missing:
+        raise BadInput(f"{TASK_NAME} is missing {' and '.join(missing)}")
+    if not isinstance(bound["model"], str):
+        raise BadInput(f"model must be a string, got {_short(bound['model'])}")
+    return bound["model"], bound["inputs"]
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:

@@ -29,6 +29,7 @@ json_values = st.recursive(
 )
 
 HEADER_KEYS = ("id", "task", "expires", "tandem_sent_at", "eta", "retries", "timelimit", "lang")
+PROTO1_KEYS = ("task", "kwargs", "expires", "eta", "callbacks", "errbacks", "chord", "taskset")
 ENVELOPE_KEYS = ("body", "content-type", "content-encoding", "headers", "properties")
 
 
@@ -71,8 +72,13 @@ def tensor_ext(draw) -> msgpack.ExtType:
 @st.composite
 def bodies(draw) -> tuple[str, str]:
     """(content type, base64 body): JSON triples of any shape, msgpack ones, or junk."""
-    kind = draw(st.sampled_from(["json", "msgpack", "junk", "deep"]))
-    if kind == "json":
+    kind = draw(st.sampled_from(["json", "msgpack", "junk", "deep", "proto1"]))
+    if kind == "proto1":  # a protocol-1 body: id, task, args and kwargs in it
+        body = draw(st.dictionaries(st.sampled_from(PROTO1_KEYS), json_values, max_size=6))
+        body.update(args=draw(json_values), id=draw(st.just("p1") | json_values))
+        raw = json.dumps(body).encode()
+        content_type = message.JSON
+    elif kind == "json":
         triple = draw(
             st.tuples(json_values, json_values, json_values).map(list)
             | json_values.map(lambda v: [[], {"model": "sim:1", "inputs": v}, {}])

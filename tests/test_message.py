@@ -33,7 +33,8 @@ def test_expired_tasks_get_a_deadline_error():
     [
         (lambda e: e["headers"].update(task="other.task"), "unknown task name 'other.task'"),
         (lambda e: e.update({"content-type": "application/x-python-serialize"}), "refused"),
-        (lambda e: e.update(body=base64.b64encode(b"[[1], {}, {}]").decode()), "malformed body"),
+        (lambda e: e.update(body=base64.b64encode(b"[[1], {}, {}]").decode()), "missing inputs"),
+        (lambda e: e.update(body=base64.b64encode(b"[[1], {}]").decode()), "malformed body"),
         (lambda e: e["headers"].update(expires="soon"), "malformed expires"),
     ],
 )
