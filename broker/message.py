@@ -43,6 +43,8 @@ class Task:
     inputs: Any = None
     expires: datetime | None = None
     sent_at: float | None = None  # epoch seconds, from tandem producers only
+    queue: str | None = None  # the routing key it was published with
+    sent_inputs: Any = None  # inputs as decoded, before the model's validate()
     error: TandemError | None = field(default=None)
 
     def check_deadline(self, now: datetime) -> None:
@@ -193,6 +195,9 @@ def _body(task: Task, envelope: dict) -> Any:
     properties = envelope.get("properties", {})
     if not isinstance(properties, dict):
         raise BadInput("malformed envelope: properties must be a JSON object")
+    info = properties.get("delivery_info")
+    if isinstance(info, dict) and isinstance(info.get("routing_key"), str):
+        task.queue = info["routing_key"]
     body = envelope.get("body")
     if not isinstance(body, str):
         raise BadInput("malformed envelope: body must be a string")
@@ -226,6 +231,7 @@ def _fill(task: Task, triple: Any, headers: dict) -> None:
         raise BadInput("malformed body: expected [args, kwargs, embed]")
     args, kwargs, _embed = triple
     task.model, task.inputs = _bind(args, kwargs)
+    task.sent_inputs = task.inputs
     check_depth(task.inputs)
     task.expires = _parse_expires(headers.get("expires"))
     task.sent_at = _sent_at(headers.get("tandem_sent_at"))

@@ -17,8 +17,11 @@ from typing import Any
 
 from broker.errors import BadInput
 
+#: Largest task message whose kwargs an extended result repeats; larger ones are elided.
+EXTENDED_MAX_BYTES = 4096
 
-def _meta(task_id: str, status: str, result: Any, traceback: str | None = None) -> str:
+
+def _meta(task_id: str, status: str, result: Any, traceback: str | None, extended: dict) -> str:
     return json.dumps(
         {
             "status": status,
@@ -27,24 +30,49 @@ def _meta(task_id: str, status: str, result: Any, traceback: str | None = None) 
             "children": [],
             "date_done": datetime.now(timezone.utc).isoformat(),
             "task_id": task_id,
+            **extended,
         },
         allow_nan=False,
     )
 
 
-def failure(task_id: str, error: BaseException) -> str:
-    """FAILURE meta; the exception is rebuilt by AsyncResult.get() on the client."""
+def failure(task_id: str, error: BaseException, extended: dict | None = None) -> str:
+    """FAILURE meta; the exception is rebuilt by AsyncResult.get() on the client. An
+    error with a `traceback` attribute (a model's own exception) stores it, as Celery does."""
     exc = {
         "exc_type": type(error).__qualname__,
         "exc_message": [str(error)],
         "exc_module": type(error).__module__,
     }
-    return _meta(task_id, "FAILURE", exc)
+    return _meta(task_id, "FAILURE", exc, getattr(error, "traceback", None), extended or {})
 
 
-def success(task_id: str, output: Any) -> str:
+def success(task_id: str, output: Any, extended: dict | None = None) -> str:
     """SUCCESS meta, or a FAILURE meta if the output cannot be stored as JSON."""
     try:
-        return _meta(task_id, "SUCCESS", output)
+        return _meta(task_id, "SUCCESS", output, None, extended or {})
     except (TypeError, ValueError) as e:
-        return failure(task_id, BadInput(f"result cannot be stored as JSON: {e}"))
+        return failure(task_id, BadInput(f"result cannot be stored as JSON: {e}"), extended)
+
+
+def extended(name: str, kwargs: dict, *, size: int, worker: str, queue: str | None) -> dict:
+    """The fields Celery's result_extended adds. kwargs of a message over
+    EXTENDED_MAX_BYTES, or that JSON cannot hold, keep the model and elide the inputs."""
+    if size > EXTENDED_MAX_BYTES or not _is_json(kwargs):
+        kwargs = {"model": kwargs.get("model"), "inputs": f"<elided: {size}-byte message>"}
+    return {
+        "name": name,
+        "args": [],
+        "kwargs": kwargs,
+        "worker": worker,
+        "retries": 0,
+        "queue": queue,
+    }
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -53,6 +53,9 @@ class Settings:
     #: An executor that crashes this many times in a row, with no batch between, gives up
     #: and its worker exits non-zero.
     max_restarts: int = 5
+    #: Results carry name, args, kwargs (inputs elided if large), worker and queue, as
+    #: Celery's result_extended does.
+    result_extended: bool = False
     #: Dead-letter list: its length cap, and how long it lives after its last entry.
     dead_letter_max: int = 10000
     dead_letter_ttl_s: int = 7 * 86400

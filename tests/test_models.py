@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from broker import payload
+from broker import keys, payload
 from broker.errors import BadInput, ModelError, ModelLoadError
 from broker.table import Table
 from helpers import plain_celery
@@ -115,7 +115,9 @@ def test_each_artifact_form_loads_and_serves(
 
 
 def test_spec_violations_fail_alone(repository, processes, settings, r, factories_importable):
-    processes.worker("w1", models=("seq:1",), repository=str(repository))
+    """Also: results as Celery writes them (a model error's traceback, result_extended,
+    forget)."""
+    processes.worker("w1", models=("seq:1",), repository=str(repository), result_extended=True)
     good = [[1.0, 2.0, 3.0, 4.0], [3.0, 2.0, 1.0, 0.0]]
     cases = [
         good,
@@ -125,6 +127,7 @@ def test_spec_violations_fail_alone(repository, processes, settings, r, factorie
         [[0.0, 1.0]] * 2,  # wrong fixed dimension
         [],  # empty
         [[1.0, 2.0, 3.0, 4.0]],
+        [[666.0] * 4],  # the model raises
     ]
     with Client(settings=settings) as client:
         results = [client.submit("seq:1", case) for case in cases]
@@ -140,8 +143,22 @@ def test_spec_violations_fail_alone(repository, processes, settings, r, factorie
         for n, text in errors.items():
             with pytest.raises(BadInput, match=re.escape(text)):
                 results[n].get(timeout=20)
+        with pytest.raises(ModelError, match="model raised RuntimeError: poisoned input"):
+            results[7].get(timeout=20)
+        assert "Traceback (most recent call last)" in results[7].traceback
+        assert "RuntimeError: poisoned input" in results[7].traceback
+        assert results[2].traceback is None  # bad input is not a crash
+        meta = results[0]._get_task_meta()
+        assert meta["name"] == "tandem.infer" and meta["args"] == []
+        assert meta["kwargs"] == {"model": "seq:1", "inputs": good}
+        assert (meta["worker"], meta["queue"]) == ("w1@test", "tandem.l1.seq.1")
+        elided = results[1]._get_task_meta()["kwargs"]  # a tensor: no JSON copy
+        assert elided["model"] == "seq:1" and elided["inputs"].startswith("<elided: ")
+        results[6].forget()
+        assert r.exists(keys.result(results[6].id)) == 0
+        assert results[6].state == "PENDING"
     (executor,) = Table(r).executors("seq:1")
-    assert (executor.batches, executor.tasks) == (1, 7)
+    assert (executor.batches, executor.tasks) == (1, 8)
 
 
 def test_padding_does_not_change_results(repository):

@@ -27,6 +27,7 @@ def make_app(settings: Settings) -> Celery:
         result_accept_content=["json"],
         task_default_queue=CONTROL_QUEUE,
         result_expires=settings.result_expires_s,
+        result_extended=settings.result_extended,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,

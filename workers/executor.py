@@ -17,6 +17,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -425,7 +426,9 @@ class Executor:
                 raise ModelError(f"returned {len(outputs)} outputs for {len(batch)} inputs")
         except Exception as e:  # noqa: BLE001 - any model failure is isolated, not fatal
             if len(batch) == 1:
-                return [ModelError(f"model raised {type(e).__name__}: {e}")]
+                error = ModelError(f"model raised {type(e).__name__}: {e}")
+                error.traceback = "".join(traceback.format_exception(e))
+                return [error]
             mid = len(batch) // 2
             return self._run_isolated(batch[:mid]) + self._run_isolated(batch[mid:])
         return outputs
@@ -476,6 +479,13 @@ class Executor:
         if task.id is None:
             reason = f"{type(task.error).__name__}: {task.error}"
             return task.raw, "", deadletter.record(task.raw, reason, model=self.model_ref)
+        extended = self._extended(task) if self.settings.result_extended else None
         if task.error is not None:
-            return task.raw, keys.result(task.id), results.failure(task.id, task.error)
-        return task.raw, keys.result(task.id), results.success(task.id, outputs[n])
+            return task.raw, keys.result(task.id), results.failure(task.id, task.error, extended)
+        return task.raw, keys.result(task.id), results.success(task.id, outputs[n], extended)
+
+    def _extended(self, task: message.Task) -> dict:
+        kwargs = {"model": task.model, "inputs": task.sent_inputs}
+        return results.extended(
+            message.TASK_NAME, kwargs, size=len(task.raw), worker=self.worker, queue=task.queue
+        )
