@@ -23,6 +23,10 @@ class DeadlineExceeded(TandemError):
     """The task expired before an executor could compute it."""
 
 
+class Revoked(TandemError):
+    """The task was revoked before it computed; its result is Celery's REVOKED."""
+
+
 class BrokerUnavailable(TandemError):
     """Redis could not be reached."""
 

@@ -27,6 +27,9 @@ CHANNEL = "tandem:state"
 #: LIST of dead letters, newest first: JSON records (see broker/deadletter.py) of tasks
 #: without a usable id and of quarantined poison tasks. Capped, and expiring.
 DEAD = "tandem:dead"
+#: ZSET of revoked task ids, scored by when the record expires (epoch ms). Written when
+#: a revoke broadcast reaches a worker (or by Client.revoke); executors skip these tasks.
+REVOKED = "tandem:revoked"
 #: LIST of raw messages that reached max_deliveries, waiting for the coordinator to bury.
 POISON = "tandem:poison"
 #: LIST per message (by the SHA-1 of its bytes): the executors that died holding it.

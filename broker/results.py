@@ -55,6 +55,16 @@ def success(task_id: str, output: Any, extended: dict | None = None) -> str:
         return failure(task_id, BadInput(f"result cannot be stored as JSON: {e}"), extended)
 
 
+def revoked(task_id: str) -> str:
+    """REVOKED meta, as Celery's mark_as_revoked stores it."""
+    exc = {
+        "exc_type": "TaskRevokedError",
+        "exc_message": ["revoked"],
+        "exc_module": "celery.exceptions",
+    }
+    return _meta(task_id, "REVOKED", exc, None, {})
+
+
 def extended(name: str, kwargs: dict, *, size: int, worker: str, queue: str | None) -> dict:
     """The fields Celery's result_extended adds. kwargs of a message over
     EXTENDED_MAX_BYTES, or that JSON cannot hold, keep the model and elide the inputs."""

@@ -273,6 +273,37 @@ class Table:
                 raise ExecutorGone(script_keys[0]) from e
             raise
 
+    def held(self, executor_id: str) -> list[bytes]:
+        """Every message in an executor's L2 and in-flight lists."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(keys.l2(executor_id), 0, -1)
+            pipe.lrange(keys.inflight(executor_id), 0, -1)
+            l2, inflight = pipe.execute()
+        return [*l2, *inflight]
+
+    # Revocations
+
+    def revoke(self, task_ids: Sequence[str], ttl_s: float) -> None:
+        """Record revoked ids for ttl_s seconds; expired records are dropped on the way."""
+        now = self.now_ms()
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.REVOKED, {task_id: now + int(ttl_s * 1000) for task_id in task_ids})
+            pipe.zremrangebyscore(keys.REVOKED, "-inf", now)
+            pipe.execute()
+
+    def revoked(self, task_ids: Sequence[str]) -> set[str]:
+        """Which of task_ids have a live revocation record."""
+        if not task_ids:
+            return set()
+        with self.redis.pipeline(transaction=False) as pipe:
+            (now_s, now_us), scores = pipe.time().zmscore(keys.REVOKED, list(task_ids)).execute()
+        now = now_s * 1000 + now_us // 1000
+        return {i for i, s in zip(task_ids, scores, strict=True) if s is not None and s > now}
+
+    def revocations(self) -> int:
+        """How many revocation records exist (expired ones included until pruned)."""
+        return self.redis.zcard(keys.REVOKED)
+
     # Reading
 
     def models(self) -> list[str]:

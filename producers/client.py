@@ -109,6 +109,17 @@ class Client:
             raise errors[0]
         return results
 
+    def revoke(self, task_id: str) -> None:
+        """Revoke a task, as Celery's revoke does, and record it in Redis for every executor,
+        including those started later. A task not yet computing is never computed; one
+        computing finishes, but its result stays REVOKED."""
+        try:
+            self.table.revoke([task_id], self.settings.result_expires_s)
+        except redis.ConnectionError as e:
+            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+        self.app.backend.mark_as_revoked(task_id, reason="revoked")
+        self.app.control.revoke(task_id)
+
     def close(self) -> None:
         stop_result_listener(self.app)
         self.redis.close()

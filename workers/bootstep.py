@@ -39,6 +39,7 @@ class Executors(bootsteps.StartStopStep):
         settings: Settings = worker.app.tandem_settings
         self.app = worker.app
         worker.app.tandem_controller = worker  # run_worker exits with its exit code
+        worker.app.tandem_executors = self  # for remote control (workers/control.py)
         client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
         table = Table(client, settings)
         hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
@@ -126,6 +127,7 @@ def load_models(settings: Settings) -> dict[str, Model]:
 
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
+    import workers.control  # noqa: F401 - registers tandem's remote control commands
     from workers.app import CONTROL_QUEUE, make_app
 
     models = load_models(settings)

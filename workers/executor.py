@@ -32,6 +32,7 @@ from broker.errors import (
     ExecutorCrashed,
     ExecutorGone,
     ModelError,
+    Revoked,
     TandemError,
     UnknownModel,
 )
@@ -75,6 +76,10 @@ class Executor:
         self.settings = settings
         self.worker = worker
         self.on_give_up = on_give_up
+        #: True while Redis may hold revocation records: each batch then asks which of
+        #: its tasks are revoked (one round trip). Kept fresh by the worker's heartbeat
+        #: and by revoke broadcasts, so a fleet without revocations pays nothing.
+        self.revocations = True
         self.id = f"{worker}/{model_ref}/{uuid.uuid4().hex[:6]}"
         self.state = State.WORKING
         self.batches = 0
@@ -85,6 +90,7 @@ class Executor:
         self._in_a_row = 0  # restarts since the last stored batch
         self._ticked = time.monotonic()  # the loop's last sign of progress
         self._busy_since: float | None = None  # when the compute in hand started
+        self._computing: tuple[list[message.Task], float | None] = ([], None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._new_returner()
@@ -112,6 +118,11 @@ class Executor:
         if now - self._ticked > timeout:
             return "stalled"
         return None
+
+    def computing(self) -> list[tuple[message.Task, float | None]]:
+        """The tasks of the batch computing now, each with its start (epoch seconds)."""
+        tasks, started = self._computing
+        return [(task, started) for task in tasks]
 
     def info(self) -> dict[str, Any]:
         return {
@@ -374,10 +385,12 @@ class Executor:
             self._slot.join()
         if ready:
             self._busy_since = time.monotonic()
+            self._computing = ([tasks[n] for n in ready], started_at)
             try:
                 computed = self._run_isolated([tasks[n].inputs for n in ready])
             finally:
                 self._busy_since = None
+                self._computing = ([], None)
             for n, out in zip(ready, computed, strict=True):
                 if isinstance(out, ModelError):
                     tasks[n].error = out
@@ -397,10 +410,14 @@ class Executor:
                 self._tick()  # waiting on a live returner is progress
 
     def _checked(self, held: list[bytes]) -> list[message.Task]:
-        """Decode and check each message; a bad one gets its error set, nothing raised."""
+        """Decode and check each message; a bad one gets its error set, nothing raised.
+        A revoked one gets Revoked, and is never computed."""
         now = datetime.now(timezone.utc)
         tasks = [message.decode(raw, max_bytes=self.settings.max_message_bytes) for raw in held]
+        revoked = self.table.revoked([t.id for t in tasks if t.id]) if self.revocations else ()
         for task in tasks:
+            if task.id in revoked:
+                task.error = Revoked(f"task {task.id} was revoked")
             self._check(task, now)
         return tasks
 
@@ -480,6 +497,8 @@ class Executor:
             reason = f"{type(task.error).__name__}: {task.error}"
             return task.raw, "", deadletter.record(task.raw, reason, model=self.model_ref)
         extended = self._extended(task) if self.settings.result_extended else None
+        if isinstance(task.error, Revoked):
+            return task.raw, keys.result(task.id), results.revoked(task.id)
         if task.error is not None:
             return task.raw, keys.result(task.id), results.failure(task.id, task.error, extended)
         return task.raw, keys.result(task.id), results.success(task.id, outputs[n], extended)

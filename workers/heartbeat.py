@@ -76,6 +76,9 @@ class Heartbeat:
             if executor.alive and not stuck:
                 live.append(executor.id)
         self.table.heartbeat(live, self.ttl_ms)
+        revocations = self.table.revocations() > 0
+        for executor in self.executors:
+            executor.revocations = revocations
         self.beats += 1
 
     def _run(self) -> None:

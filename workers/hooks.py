@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from broker import metrics
+from broker.errors import Revoked
 from broker.message import TASK_NAME
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ class Logs(Hook):
 
     def batch_done(self, executor: Executor, done: Done) -> None:
         for task in done.tasks:
-            if task.error is not None:
+            if isinstance(task.error, Revoked):
+                log.info("task_revoked executor=%s task=%s", executor.id, task.id)
+            elif task.error is not None:
                 log.warning(
                     "task_failed executor=%s task=%s reason=%s: %s",
                     executor.id,
@@ -98,6 +101,9 @@ class CeleryEvents(Hook):
         runtime = done.compute_ms / 1000
         for n, task in enumerate(done.tasks):
             if task.id is None:
+                continue
+            if isinstance(task.error, Revoked):
+                send("task-revoked", uuid=task.id, terminated=False, signum=None, expired=False)
                 continue
             send(
                 "task-received",

@@ -39,16 +39,19 @@ local function claim_retry(retry, inflight, out)
   return true
 end
 
--- Store a Celery result and publish it, unless a SUCCESS is already stored: a
--- redelivered task keeps one consistent result. Returns true if it stored.
+-- Store a Celery result and publish it, unless a SUCCESS or a REVOKED is already
+-- stored: a redelivered task keeps one consistent result, and a revoked task's result
+-- never flips. Returns true if it stored.
 local function store_result(key, meta, ttl, stats)
   local old = redis.call('GET', key)
   if old then
     local ok, decoded = pcall(cjson.decode, old)
-    if ok and type(decoded) == 'table' and decoded.status == 'SUCCESS' then
+    local status = ok and type(decoded) == 'table' and decoded.status
+    if status == 'SUCCESS' then
       redis.call('HINCRBY', stats, 'duplicates', 1)
       return false
     end
+    if status == 'REVOKED' then return false end
   end
   redis.call('SET', key, meta, 'EX', ttl)
   redis.call('PUBLISH', key, meta)
