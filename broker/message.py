@@ -45,6 +45,9 @@ class Task:
     sent_at: float | None = None  # epoch seconds, from tandem producers only
     queue: str | None = None  # the routing key it was published with
     sent_inputs: Any = None  # inputs as decoded, before the model's validate()
+    #: Celery canvas fields (callbacks, errbacks, chain, chord, group, group_index,
+    #: root_id, parent_id), or None for a task with no next step and no group.
+    canvas: dict | None = None
     error: TandemError | None = field(default=None)
 
     def check_deadline(self, now: datetime) -> None:
@@ -229,12 +232,48 @@ def _fill(task: Task, triple: Any, headers: dict) -> None:
         raise BadInput(f"unknown task name {_short(headers.get('task'))}; tandem runs {TASK_NAME}")
     if not (isinstance(triple, (list, tuple)) and len(triple) == 3):
         raise BadInput("malformed body: expected [args, kwargs, embed]")
-    args, kwargs, _embed = triple
+    args, kwargs, embed = triple
     task.model, task.inputs = _bind(args, kwargs)
+    task.canvas = _canvas(embed, headers)
     task.sent_inputs = task.inputs
     check_depth(task.inputs)
     task.expires = _parse_expires(headers.get("expires"))
     task.sent_at = _sent_at(headers.get("tandem_sent_at"))
+
+
+def _canvas(embed: Any, headers: dict) -> dict | None:
+    """The canvas fields of the body's embed and the headers, checked for shape."""
+    embed = {} if embed is None else embed
+    if not isinstance(embed, dict):
+        raise BadInput("malformed body: embed must be a JSON object")
+    canvas: dict[str, Any] = {}
+    for name in ("callbacks", "errbacks", "chain"):
+        value = embed.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(_is_signature(s) for s in value):
+            raise BadInput(f"malformed {name}: expected a list of task signatures")
+        if value:
+            canvas[name] = value
+    if embed.get("chord") is not None:
+        if not _is_signature(embed["chord"]):
+            raise BadInput("malformed chord: expected a task signature")
+        canvas["chord"] = embed["chord"]
+    if headers.get("group") is not None:
+        if not isinstance(headers["group"], str):
+            raise BadInput(f"malformed group header {_short(headers['group'])}")
+        canvas["group"] = headers["group"]
+        index = headers.get("group_index")
+        canvas["group_index"] = index if isinstance(index, int) else None
+    if not canvas:
+        return None
+    for name in ("root_id", "parent_id"):
+        canvas[name] = headers.get(name) if isinstance(headers.get(name), str) else None
+    return canvas
+
+
+def _is_signature(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("task"), str)
 
 
 def _bind(args: Any, kwargs: Any) -> tuple[str, Any]:

@@ -13,6 +13,7 @@ from celery import bootsteps
 
 from broker.settings import Settings
 from broker.table import Table
+from workers.canvas import Canvas
 from workers.executor import Executor
 from workers.heartbeat import Heartbeat
 from workers.hooks import CeleryEvents, Logs, Metrics
@@ -43,6 +44,7 @@ class Executors(bootsteps.StartStopStep):
         client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
         table = Table(client, settings)
         hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
+        canvas = Canvas(worker.app, worker.hostname)
         for ref, model in worker.app.tandem_models.items():
             executor = Executor(
                 ref,
@@ -52,6 +54,7 @@ class Executors(bootsteps.StartStopStep):
                 worker=worker.hostname,
                 hooks=hooks,
                 on_give_up=self._give_up,
+                canvas=canvas,
             )
             executor.start()
             self.executors.append(executor)

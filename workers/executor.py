@@ -38,6 +38,7 @@ from broker.errors import (
 )
 from broker.settings import Settings
 from broker.table import State, Table
+from workers.canvas import Canvas
 from workers.hooks import Hook, Logs
 from workers.models import Model, batching
 
@@ -67,6 +68,7 @@ class Executor:
         worker: str,
         hooks: list[Hook] | None = None,
         on_give_up: Callable[[Executor], None] | None = None,
+        canvas: Canvas | None = None,
     ) -> None:
         self.model_ref = model_ref
         self.model = model
@@ -76,6 +78,7 @@ class Executor:
         self.settings = settings
         self.worker = worker
         self.on_give_up = on_give_up
+        self.canvas = canvas  # Celery's next steps (link, chain, chord); None skips them
         #: True while Redis may hold revocation records: each batch then asks which of
         #: its tasks are revoked (one round trip). Kept fresh by the worker's heartbeat
         #: and by revoke broadcasts, so a fleet without revocations pays nothing.
@@ -475,12 +478,18 @@ class Executor:
                 slot.task_done()
 
     def _store(self, done: Done) -> None:
+        """Store a batch's results; Celery canvas steps go before and after, as in Celery."""
+        canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and self.canvas]
+        for n, task in canvas:
+            self.canvas.before_store(task, done.outputs.get(n))
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
         self._retry(
             lambda: self.table.complete(self.id, entries),
             stoppable=False,
             on=(redis.ConnectionError, redis.TimeoutError),
         )
+        for n, task in canvas:
+            self.canvas.after_store(task, done.outputs.get(n))
         done.stored_at = time.time()
         self.batches += 1
         self.tasks += len(done.tasks)
