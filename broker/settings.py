@@ -56,6 +56,9 @@ class Settings:
     #: Results carry name, args, kwargs (inputs elided if large), worker and queue, as
     #: Celery's result_extended does.
     result_extended: bool = False
+    #: Producers send Celery's task-sent event for each task (task_send_sent_event), so
+    #: Flower lists a queued task as PENDING before a worker takes it.
+    send_sent_event: bool = False
     #: Dead-letter list: its length cap, and how long it lives after its last entry.
     dead_letter_max: int = 10000
     dead_letter_ttl_s: int = 7 * 86400

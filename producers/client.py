@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -43,6 +44,8 @@ class Client:
         self.app = make_app(self.settings)
         self.submitted = 0
         self.to_l2 = 0
+        self._dispatcher = None  # task-sent events, made on first use
+        self._events_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<Client submitted={self.submitted} to_l2={self.to_l2}>"
@@ -72,6 +75,7 @@ class Client:
             envelope,
             l1_key=keys.l1_for_priority(model, priority),
         )
+        self._sent(model, [task_id], deadline_s)
         return self._result(task_id, executor)
 
     def submit_many(
@@ -104,6 +108,7 @@ class Client:
                 errors.append(convert_error(reply))
             else:
                 results.append(self._result(task_id, reply.decode() if reply else None))
+        self._sent(model, [res.id for res in results], deadline_s)
         if errors:
             errors[0].accepted = results
             raise errors[0]
@@ -120,7 +125,40 @@ class Client:
         self.app.backend.mark_as_revoked(task_id, reason="revoked")
         self.app.control.revoke(task_id)
 
+    def _sent(self, model: str, task_ids: list[str], deadline_s: float | None) -> None:
+        """Celery's task-sent events, when task_send_sent_event is on."""
+        if not self.app.conf.task_send_sent_event or not task_ids:
+            return
+        expires = None
+        if deadline_s is not None:
+            expires = (datetime.now(timezone.utc) + timedelta(seconds=deadline_s)).isoformat()
+        queue = keys.l1(model)
+        with self._events_lock:
+            if self._dispatcher is None:
+                self._dispatcher = self.app.events.Dispatcher(
+                    self.app.connection_for_write(), enabled=True
+                )
+            for task_id in task_ids:
+                self._dispatcher.send(
+                    "task-sent",
+                    uuid=task_id,
+                    root_id=task_id,
+                    parent_id=None,
+                    name=message.TASK_NAME,
+                    args="()",
+                    kwargs=f"{{'model': {model!r}}}",
+                    retries=0,
+                    eta=None,
+                    expires=expires,
+                    queue=queue,
+                    exchange="",
+                    routing_key=queue,
+                )
+
     def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher.connection.close()
         stop_result_listener(self.app)
         self.redis.close()
         self.app.close()

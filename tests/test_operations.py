@@ -17,7 +17,7 @@ from test_cli import tandem
 from broker.errors import BadInput
 from broker.server import free_port
 from broker.table import Table
-from helpers import executors_of, wait_until
+from helpers import executors_of, plain_celery, wait_until
 from producers.client import Client
 
 
@@ -64,8 +64,8 @@ def _up(base: str, process) -> bool:
 
 
 def test_flower_shows_every_task_and_the_executors(processes, settings, flower):
-    processes.worker("w1", models=("sim:1", "tiny:1"))
-    with Client(settings=settings) as client:
+    worker = processes.worker("w1", models=("sim:1", "tiny:1"))
+    with Client(settings=settings.replace(send_sent_event=True)) as client:
         # Flower sees only events sent after its receiver is bound: wait for a canary.
         wait_until(
             lambda: (
@@ -83,10 +83,22 @@ def test_flower_shows_every_task_and_the_executors(processes, settings, flower):
             res.get(timeout=10)
         with pytest.raises(Exception, match="tiny expects"):
             bad.get(timeout=10)
+        # Revoked while it waits in L1 (the worker stopped): skipped, and Flower says so.
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            waiting = plain_celery(settings).send_task(
+                "tandem.infer", kwargs={"model": "sim:1", "inputs": [0]}, queue="tandem.l1.sim.1"
+            )
+            client.revoke(waiting.id)
+        finally:
+            worker.send_signal(signal.SIGCONT)
 
     def tasks():
         found = get_json(f"{flower}/api/tasks")
-        return found if all(r.id in found for r in [*good, bad]) else None
+        wanted = [*good, bad, waiting]
+        if all(r.id in found for r in wanted) and found[waiting.id]["state"] == "REVOKED":
+            return found
+        return None
 
     found = wait_until(tasks, 30, "Flower to list the tasks")
     for res in good:
@@ -97,6 +109,7 @@ def test_flower_shows_every_task_and_the_executors(processes, settings, flower):
             "w1@test",
         )
         assert task["received"] and task["started"] and task["runtime"] >= 0.02
+        assert task["sent"]  # task-sent from the client: PENDING before a worker took it
     assert found[bad.id]["state"] == "FAILURE"
     assert "tiny expects" in found[bad.id]["exception"]
     workers = wait_until(

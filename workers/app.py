@@ -28,6 +28,7 @@ def make_app(settings: Settings) -> Celery:
         task_default_queue=CONTROL_QUEUE,
         result_expires=settings.result_expires_s,
         result_extended=settings.result_extended,
+        task_send_sent_event=settings.send_sent_event,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
