@@ -4,8 +4,12 @@ celery-node. Each is converted as Celery's worker converts it and gets its own r
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from protocols import celery_node_v1, celery_node_v2, gocelery
@@ -15,6 +19,8 @@ from broker.errors import BadInput, DeadlineExceeded
 from helpers import plain_celery
 
 QUEUE = keys.l1("sim:1")
+TESTS = Path(__file__).parent
+CELERY_NODE = "0.5.9"
 BUILDERS = [gocelery, celery_node_v1, celery_node_v2]
 
 
@@ -87,3 +93,38 @@ def test_every_protocol_gets_its_own_result_from_a_real_worker(processes, r, set
     for task_id, inputs in pushed.items():
         assert app.AsyncResult(task_id).get(timeout=30) == inputs
     assert r.llen(keys.DEAD) == 0
+
+
+@pytest.fixture(scope="module")
+def celery_node(tmp_path_factory):
+    """celery-node installed from the npm registry, or a skip that says why not."""
+    npm = shutil.which("npm")
+    if not shutil.which("node") or not npm:
+        pytest.skip("node and npm are not installed: the real celery-node test is skipped")
+    folder = tmp_path_factory.mktemp("celery-node")
+    done = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", f"celery-node@{CELERY_NODE}"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"npm could not install celery-node: {done.stderr.strip()[-300:]}")
+    return folder
+
+
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_a_real_celery_node_client_gets_its_result(processes, settings, celery_node, protocol):
+    processes.worker("w1")
+    done = subprocess.run(
+        ["node", str(TESTS / "celery_node_client.js"), settings.redis_url, str(protocol)]
+        + [QUEUE, "sim:1", json.dumps([protocol, "js"])],
+        cwd=celery_node,
+        env={**os.environ, "NODE_PATH": str(celery_node / "node_modules")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [protocol, "js"]
