@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from broker import deadletter, keys, message
+from broker import deadletter, keys, message, results
 from broker.errors import ExecutorGone, QueueFull, UnknownModel
 from broker.settings import Settings
 from broker.table import State, Table
@@ -192,6 +192,27 @@ def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
     assert 0 < r.ttl(key) <= 60
     assert r.llen(keys.inflight("a")) == 0
     assert r.hget(keys.executor("a"), "tasks") == b"2"
+
+
+def test_complete_never_overwrites_a_revoked_result(table, r):
+    register(table, "a")
+    task_id, _ = route(table, 0)
+    raw = table.claim("a", MODEL, 1)[0]
+    key = keys.result(task_id)
+    r.set(key, results.revoked(task_id))  # revoked while it computed
+    table.complete("a", [(raw, key, results.success(task_id, [1]))])
+    assert json.loads(r.get(key))["status"] == "REVOKED"
+    assert r.hget(keys.STATS, "duplicates") is None  # a kept REVOKED is no duplicate
+    assert r.llen(keys.inflight("a")) == 0
+
+
+def test_revocation_records_expire(table, r):
+    table.revoke(["gone", "kept"], ttl_s=60)
+    assert table.revoked(["gone", "kept", "other"]) == {"gone", "kept"}
+    r.zadd(keys.REVOKED, {"gone": table.now_ms() - 1})  # its record has expired
+    assert table.revoked(["gone", "kept"]) == {"kept"}
+    table.revoke(["new"], ttl_s=60)  # pruned on the way
+    assert r.zscore(keys.REVOKED, "gone") is None and table.revocations() == 2
 
 
 def test_heartbeat_reports_reclaimed_executors(table, r):
