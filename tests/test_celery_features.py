@@ -32,8 +32,8 @@ def test_revoke_inspect_and_control(processes, r, settings, plain):
     client = Client(settings=settings)
     client.revoke(early.id)
     assert early.state == "REVOKED"
-    # A 2 s batch window, then 1.5 s per batch: time to look at each stage.
-    processes.worker("w1", max_wait_ms=2000, sim_base_ms=1500, max_batch=4)
+    # A 4 s batch window, then 2.5 s per batch: time to look at each stage.
+    processes.worker("w1", max_wait_ms=4000, sim_base_ms=2500, max_batch=4)
     assert kept.get(timeout=30) == ["kept"]
 
     # WAITING: a task routed to an L2 opens the window and is reserved; then active.
