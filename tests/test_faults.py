@@ -13,6 +13,7 @@ import time
 
 import pytest
 import redis
+from kombu import pools
 
 from broker import keys
 from broker.errors import BrokerUnavailable, QueueFull
@@ -162,6 +163,9 @@ def test_a_worker_carries_on_after_its_connections_are_cut(processes, settings, 
         killed = r.client_kill_filter(_type="normal", skipme=True)
         killed += r.client_kill_filter(_type="pubsub", skipme=True)
         assert killed >= 2
+    # Celery's broker connections are pooled per URL for the whole test process (kombu's
+    # global pools); the cut closed the idle ones too, so later tests must not inherit them.
+    pools.reset()
     with Client(settings=settings) as client:
         results = client.submit_many("sim:1", [[n] for n in range(50)])
         assert [res.get(timeout=30) for res in results] == [[n] for n in range(50)]
