@@ -6,7 +6,9 @@ import json
 import re
 import signal
 
+import pytest
 import redis
+import torch
 
 from broker.table import Table
 from helpers import start_up, tandem
@@ -46,6 +48,16 @@ def test_a_worker_refuses_an_unknown_model(settings):
     done = tandem("worker", "--model", "resnet:1", redis_url=settings.redis_url)
     assert done.returncode == 1
     assert "no model 'resnet': not built in (sim, tiny) and not in" in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 8, reason="this host sees cuda:8")
+@pytest.mark.parametrize("device", ["cuda:8", "nonsense"])
+def test_a_worker_refuses_a_device_it_cannot_see(settings, device):
+    done = tandem("worker", "--device", device, redis_url=settings.redis_url)
+    assert done.returncode == 1
+    expected = "is not visible: this process sees" if device == "cuda:8" else "not a torch device"
+    assert "error: BadSetting: device" in done.stderr and expected in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_up_runs_a_local_stack_until_ctrl_c(tmp_path):

@@ -18,6 +18,7 @@ from workers.executor import Executor
 from workers.heartbeat import Heartbeat
 from workers.hooks import CeleryEvents, Logs, Metrics
 from workers.models import Model, load_model
+from workers.models.repository import pick_device
 
 log = logging.getLogger("tandem.worker")
 
@@ -119,7 +120,9 @@ class Executors(bootsteps.StartStopStep):
 
 
 def load_models(settings: Settings) -> dict[str, Model]:
-    """Load every model before the worker starts, so a bad one stops it with a clear error."""
+    """Load every model before the worker starts, so a bad one stops it with a clear error.
+    A device this process cannot see stops it first, whatever the models."""
+    pick_device(settings.device)
     models: dict[str, Model] = {}
     for requested in settings.models:
         ref, model = load_model(requested, settings)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from broker.errors import ModelLoadError
+from broker.errors import BadSetting, ModelLoadError
 from broker.extras import extra_of, install_hint
 from broker.keys import version_key
 from workers.models.collate import Batch, Collator, Item
@@ -26,10 +27,23 @@ SHIPPED = Path(__file__).resolve().parent.parent / "repository"
 
 
 def pick_device(device: str) -> torch.device:
-    """'auto' picks CUDA when it is present, else the CPU."""
+    """'auto' picks CUDA when it is present, else the CPU. A CUDA device this process
+    cannot see is refused with BadSetting, never left to fail at the first batch."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as e:
+        raise BadSetting(f"device {device!r} is not a torch device: {e}") from None
+    if chosen.type == "cuda":
+        count = torch.cuda.device_count()
+        if (chosen.index or 0) >= count:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+            raise BadSetting(
+                f"device {device} is not visible: this process sees {count} CUDA device(s) "
+                f"(CUDA_VISIBLE_DEVICES={visible}); a container given one GPU sees it as cuda:0"
+            )
+    return chosen
 
 
 class Repository:
