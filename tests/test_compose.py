@@ -18,8 +18,13 @@ def compose() -> dict:
     return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
 
 
+WORKERS = [f"worker-{n}" for n in range(4)]
+TANDEM_SERVICES = ["coordinator", *WORKERS, "flower", "producer"]
+
+
 def test_services_are_all_there(compose):
-    assert set(compose["services"]) == {"redis", "coordinator", "worker", "flower", "producer"}
+    others = {"redis", "coordinator", "flower", "producer", "prometheus", "grafana"}
+    assert set(compose["services"]) == others | set(WORKERS)
 
 
 def test_redis_keeps_data_and_never_evicts(compose):
@@ -29,13 +34,19 @@ def test_redis_keeps_data_and_never_evicts(compose):
     assert compose["services"]["redis"]["volumes"] == ["redis-data:/data"]
 
 
-def test_workers_reserve_a_gpu_each_and_can_scale(compose):
-    worker = compose["services"]["worker"]
-    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert device["count"] == 1
-    assert "container_name" not in worker and "ports" not in worker  # --scale worker=N works
-    assert worker["stop_signal"] == "SIGTERM"
+def test_each_worker_reserves_its_own_gpu(compose):
+    ids = []
+    for name in WORKERS:
+        worker = compose["services"][name]
+        (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert "count" not in device  # count: 1 on every replica would share one GPU
+        (gpu,) = device["device_ids"]
+        ids.append(gpu)
+        # Its one GPU is cuda:0 inside the container.
+        assert worker["command"] == ["tandem", "worker", "--device", "cuda:0"]
+        assert worker["stop_signal"] == "SIGTERM" and worker["stop_grace_period"] == "90s"
+    assert sorted(ids) == [str(n) for n in range(len(WORKERS))]  # distinct, 0..N-1
 
 
 def test_every_tandem_service_shares_the_env_file(compose):
@@ -45,13 +56,13 @@ def test_every_tandem_service_shares_the_env_file(compose):
         if line and not line.startswith("#")
     )
     assert env["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
-    for name in ("coordinator", "worker", "flower", "producer"):
+    for name in TANDEM_SERVICES:
         assert compose["services"][name]["env_file"] == "tandem.env"
         assert compose["services"][name]["build"]["dockerfile"] == "compose/Dockerfile"
     assert (COMPOSE / "Dockerfile").exists()
 
 
-@pytest.mark.parametrize("service", ["coordinator", "worker", "flower", "producer"])
+@pytest.mark.parametrize("service", ["coordinator", "worker-0", "flower", "producer"])
 def test_each_command_exists(compose, service):
     command = compose["services"][service]["command"]
     if command[0] == "tandem":

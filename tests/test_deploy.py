@@ -1,0 +1,184 @@
+"""Kubernetes manifests, Prometheus config and alerts, and the Grafana dashboard, checked by
+parsing them (neither Docker nor Kubernetes runs here), and the metrics the dashboard and
+the alerts query, checked against a live coordinator and a live Flower."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from test_operations import flower  # noqa: F401 - a fixture
+
+from broker.server import free_port
+from helpers import wait_until
+from producers.client import Client
+
+COMPOSE = Path(__file__).parent.parent / "compose"
+K8S = COMPOSE / "k8s"
+DASHBOARD = COMPOSE / "grafana" / "dashboards" / "tandem.json"
+ALERTS = COMPOSE / "prometheus" / "alerts.yml"
+METRIC = re.compile(r"\b((?:tandem|flower)_[a-z0-9_]+)\b")
+
+
+def manifests() -> dict[str, dict]:
+    """Every object in compose/k8s, by kind/name."""
+    objects = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            objects[f"{doc['kind']}/{doc.get('metadata', {}).get('name', path.stem)}"] = doc
+    return objects
+
+
+def env_file() -> dict[str, str]:
+    lines = (COMPOSE / "tandem.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def container(objects: dict, name: str) -> dict:
+    (only,) = objects[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def test_kustomization_lists_every_manifest_and_shares_the_compose_settings():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+    (generated,) = kustomization["configMapGenerator"]
+    assert generated["name"] == "tandem-env" and generated["envs"] == ["../tandem.env"]
+    assert env_file()["TANDEM_REDIS_URL"] == "redis://redis:6379/0"  # the Service's name
+    objects = manifests()
+    assert objects["Service/redis"]["spec"]["ports"] == [{"port": 6379}]
+    for name in ("tandem-coordinator", "tandem-worker", "flower"):
+        assert container(objects, name)["envFrom"] == [{"configMapRef": {"name": "tandem-env"}}]
+
+
+def test_one_gpu_per_worker_pod_and_the_grace_period_of_compose():
+    objects = manifests()
+    worker = objects["Deployment/tandem-worker"]["spec"]["template"]["spec"]
+    (box,) = worker["containers"]
+    assert box["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert box["command"] == ["tandem", "worker", "--device", "cuda:0"]
+    compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    grace = compose["services"]["worker-0"]["stop_grace_period"]
+    assert f"{worker['terminationGracePeriodSeconds']}s" == grace
+
+
+def test_redis_keeps_data_and_never_evicts_on_kubernetes():
+    redis = manifests()["StatefulSet/redis"]["spec"]
+    (box,) = redis["template"]["spec"]["containers"]
+    args = " ".join(box["args"])
+    assert "--appendonly yes" in args and "--maxmemory-policy noeviction" in args
+    assert box["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert redis["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+def test_keda_scales_the_worker_deployment_on_l1_as_the_readme_shows():
+    scaled = manifests()["ScaledObject/tandem-worker"]["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "tandem-worker"
+    (trigger,) = scaled["triggers"]
+    model = env_file()["TANDEM_MODELS"].split(",")[0]
+    assert trigger["type"] == "redis"
+    assert trigger["metadata"]["listName"] == "tandem.l1." + model.replace(":", ".")
+    readme = (COMPOSE.parent / "README.md").read_text()
+    assert f"listName: {trigger['metadata']['listName']}" in readme
+
+
+def test_prometheus_scrapes_the_coordinator_and_flower():
+    config = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
+    targets = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]
+    }
+    assert targets == {"tandem": ["coordinator:9108"], "flower": ["flower:5555"]}
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+def alert_rules() -> list[dict]:
+    (group,) = yaml.safe_load(ALERTS.read_text())["groups"]
+    return group["rules"]
+
+
+def test_the_alert_rules_are_well_formed():
+    rules = alert_rules()
+    names = {rule["alert"] for rule in rules}
+    wanted = {"TandemL1Growing", "TandemNoLiveExecutor", "TandemDeadLetters"}
+    assert names == wanted | {"TandemExecutorsFlapping"}
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"] and METRIC.search(rule["expr"])
+        if "for" in rule:
+            assert re.fullmatch(r"\d+[smh]", rule["for"])
+    promtool = shutil.which("promtool")
+    if promtool:  # Debian's prometheus package ships it
+        done = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+
+def test_the_dashboard_parses_and_shows_what_an_operator_needs():
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "tandem"
+    queried = set(METRIC.findall(" ".join(dashboard_queries())))
+    for metric in (
+        "tandem_l1_depth",
+        "tandem_tasks_routed_total",
+        "tandem_executors",
+        "tandem_batch_size_bucket",
+        "tandem_queue_wait_ms_bucket",
+        "tandem_latency_ms_bucket",
+        "tandem_task_failures_total",
+        "tandem_redelivered_total",
+        "tandem_dead_lettered_total",
+    ):
+        assert metric in queried
+    titles = " ".join(panel["title"] for panel in dashboard["panels"])
+    assert "p50, p95, p99" in titles
+
+
+SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+
+
+def exported_names(url: str) -> set[str]:
+    """Every series name the endpoint serves or declares (a counter with no labelled
+    sample yet is still declared by its HELP and TYPE lines)."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    names = set()
+    for family in text_string_to_metric_families(text):
+        names |= {s.name for s in family.samples}
+        names |= {family.name + suffix for suffix in SUFFIXES.get(family.type, [""])}
+    return names
+
+
+def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa: F811
+    port = free_port()
+    processes.coordinator(metrics_port=port)
+    processes.worker("w1")
+    wanted = set(METRIC.findall(" ".join(dashboard_queries() + [r["expr"] for r in alert_rules()])))
+
+    def exported() -> set[str]:
+        with Client(settings=settings) as client:
+            client.submit("sim:1", [1]).get(timeout=10)
+        try:
+            names = exported_names(f"http://127.0.0.1:{port}/metrics")
+        except OSError:
+            return set()
+        names |= exported_names(f"{flower}/metrics")
+        missing.clear()
+        missing.update(wanted - names)
+        return names if not missing else set()
+
+    missing: set[str] = set()
+    try:
+        wait_until(exported, 60, "every queried metric to be exported")
+    except AssertionError:
+        raise AssertionError(f"queried but not exported: {sorted(missing)}") from None
