@@ -11,6 +11,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_operations import flower  # noqa: F401 - a fixture
@@ -123,6 +124,16 @@ def test_the_alert_rules_are_well_formed():
 def dashboard_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed")
+def test_every_dashboard_query_is_valid_promql(tmp_path):
+    """promtool parses each query, as a recording rule."""
+    rules = [{"record": f"tandem:panel_{n}", "expr": e} for n, e in enumerate(dashboard_queries())]
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_dashboard_parses_and_shows_what_an_operator_needs():
