@@ -22,6 +22,7 @@ DIST = "tandem-serve"
 EXTRA_FILES = {
     "producers/bench.py": "bench",
     "producers/baselines.py": "bench",
+    "producers/dashboard.py": "bench",
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
 }
