@@ -38,7 +38,8 @@ DELIVERIES_PREFIX = "tandem:deliveries:"
 RELAYED = "tandem:coordinator:relayed"
 #: Celery result key of a task; Celery's Redis backend publishes on the same name.
 RESULT_PREFIX = "celery-task-meta-"
-#: HASH per executor: model, worker, state, cap, max_batch, expires_ms, batches, tasks.
+#: HASH per executor: model, worker, state, cap, max_batch, expires_ms, batches, tasks,
+#: and `ready`, the key of its model's ready set.
 EXECUTOR_PREFIX = "tandem:executor:"
 #: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.
 L2_PREFIX = "tandem:l2:"
@@ -89,6 +90,19 @@ def executors(model: str) -> str:
     """SET of executor ids serving this model."""
     parse_model(model)
     return f"tandem:executors:{model}"
+
+
+def ready(model: str) -> str:
+    """ZSET of the executors of this model that can take a task now: IDLE or WAITING with
+    capacity. The lowest score is routed to first: a WAITING executor scores its capacity
+    (the fullest first), an IDLE one READY_IDLE plus when it went idle, in epoch
+    microseconds (the longest idle first). Kept by the scripts that change state; route.lua drops lapsed entries."""
+    parse_model(model)
+    return f"tandem:ready:{model}"
+
+
+#: Added to an IDLE executor's ready score: above any WAITING executor's capacity.
+READY_IDLE = 2**40
 
 
 def executor(executor_id: str) -> str:

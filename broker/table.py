@@ -113,7 +113,7 @@ class Table:
     def _route_call(model: str, message: str, l1_key: str) -> dict:
         return {
             "keys": [
-                keys.executors(model),
+                keys.ready(model),
                 keys.MODELS,
                 l1_key,
                 *keys.l1_keys(model),
@@ -155,6 +155,7 @@ class Table:
             pid,
             max_queue,
             keys.MAX_QUEUE,
+            keys.ready(model),
         ]
         self._step("register", lambda: self.scripts.register(keys=script_keys, args=args))
 
@@ -163,7 +164,7 @@ class Table:
         if not executor_ids:
             return []
         missing = self.scripts.heartbeat(
-            keys=[keys.executor(i) for i in executor_ids], args=[ttl_ms]
+            keys=[keys.executor(i) for i in executor_ids], args=[ttl_ms, *executor_ids]
         )
         return [executor_ids[i - 1] for i in missing]
 

@@ -87,9 +87,29 @@ class RacyExecutor(Executor):
                 return held
 
 
-def run_load(settings, r, executor_class=Executor, tasks_per_producer: int = 150):
+def register_fleet(table: Table, size: int) -> None:
+    """`size` more executors of the model that can never take a task: half WORKING, half
+    IDLE with a lapsed heartbeat (in the ready set until a route drops them)."""
+    for n in range(size):
+        fake = f"fleet{n}"
+        lapsed = n % 2 == 1
+        table.register(
+            fake,
+            MODEL,
+            worker="fleet",
+            max_batch=MAX_BATCH,
+            ttl_ms=-1 if lapsed else 600_000,
+            max_wait_ms=0.0,
+            pid=0,
+        )
+        if lapsed:
+            assert table.go_idle(fake, MODEL, MAX_BATCH)
+
+
+def run_load(settings, r, executor_class=Executor, tasks_per_producer: int = 150, fleet=0):
     settings = settings.replace(max_batch=MAX_BATCH, poll_ms=20.0)
     table = Table(r)
+    register_fleet(table, fleet)
     executors = [
         executor_class(
             MODEL,
@@ -136,8 +156,10 @@ def run_load(settings, r, executor_class=Executor, tasks_per_producer: int = 150
     return checker, submitted, executors
 
 
-def test_no_lost_wakeup_and_l2_stays_in_bounds(settings, r):
-    checker, submitted, executors = run_load(settings, r)
+@pytest.mark.parametrize("fleet", [0, 1000])
+def test_no_lost_wakeup_and_l2_stays_in_bounds(settings, r, fleet):
+    """fleet: as many other executors registered, none able to take a task."""
+    checker, submitted, executors = run_load(settings, r, fleet=fleet)
     assert checker.snapshots > 100
     assert checker.lost_wakeups == []
     assert checker.l2_breaches == []
@@ -145,6 +167,7 @@ def test_no_lost_wakeup_and_l2_stays_in_bounds(settings, r):
         meta = json.loads(r.get(keys.result(task_id)))
         assert (meta["status"], meta["result"]) == ("SUCCESS", [value])
     assert sum(e.tasks for e in executors) == len(submitted)
+    assert r.zcard(keys.ready(MODEL)) <= len(executors)  # every lapsed entry was dropped
 
 
 def test_the_checker_catches_a_non_atomic_go_idle(settings, r):

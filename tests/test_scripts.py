@@ -96,6 +96,50 @@ def test_a_dead_executor_gets_nothing(table, r):
     assert route(table, 0)[1] is None
 
 
+def test_the_longest_idle_executor_is_routed_to_first(table):
+    for executor_id in ("c", "a", "b"):
+        register(table, executor_id, max_wait_ms=0.0)
+    for executor_id in ("c", "a", "b"):  # idle in this order
+        idle(table, executor_id)
+    assert [route(table, n)[1] for n in range(3)] == ["c", "a", "b"]
+    idle(table, "a")
+    assert [route(table, n)[1] for n in range(3, 5)] == ["a", None]
+
+
+def test_the_ready_set_follows_every_state_change(table, r):
+    ready = keys.ready(MODEL)
+    register(table, "a")
+    assert r.zscore(ready, "a") is None  # WORKING
+    idle(table, "a")
+    assert r.zscore(ready, "a") >= keys.READY_IDLE
+    route(table, 0)
+    table.set_state("a", State.WAITING)
+    assert r.zscore(ready, "a") == 3  # its capacity: 4 less the one routed
+    route(table, 1)
+    assert r.zscore(ready, "a") == 2
+    table.begin("a", MODEL, room=2, taken=0)
+    assert r.zscore(ready, "a") is None  # WORKING
+    idle(table, "a")
+    table.set_state("a", State.STOPPING)
+    assert r.zscore(ready, "a") is None
+    register(table, "b")
+    idle(table, "b")
+    table.reclaim("b", MODEL, force=True)
+    assert r.zcard(ready) == 0
+
+
+def test_a_lapsed_executor_is_dropped_and_its_heartbeat_puts_it_back(table, r):
+    register(table, "a", ttl_ms=-1)
+    idle(table, "a")
+    assert route(table, 0)[1] is None
+    assert r.zscore(keys.ready(MODEL), "a") is None
+    assert table.claim("a", MODEL, 1)  # its executor takes that task, and goes idle
+    assert table.go_idle("a", MODEL, 4)
+    r.zrem(keys.ready(MODEL), "a")  # dropped again while lapsed
+    table.heartbeat(["a"], 60_000)
+    assert route(table, 1)[1] == "a"
+
+
 def test_go_idle_refuses_while_l1_holds_work(table):
     register(table, "a")
     route(table, 0)

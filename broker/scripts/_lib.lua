@@ -4,6 +4,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The model's ready set (keys.ready): executors that can take a task now. Its key is
+-- in each executor's hash. WAITING scores its capacity, IDLE READY_IDLE + since when (us).
+local READY_IDLE = 1099511627776  -- 2^40, keys.READY_IDLE
+local function ready_at(hash, id, score)
+  local key = redis.call('HGET', hash, 'ready')
+  if key then redis.call('ZADD', key, score, id) end
+end
+local function not_ready(hash, id)
+  local key = redis.call('HGET', hash, 'ready')
+  if key then redis.call('ZREM', key, id) end
+end
+
 -- Append one executor state change to the changes stream.
 local function change(stream, hash, id, state)
   local model = redis.call('HGET', hash, 'model') or ''

@@ -18,5 +18,6 @@ end
 if #out == 0 and tonumber(ARGV[3]) == 0 then return claimed(out, false) end
 if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return claimed(out, redelivered) end
 redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
+not_ready(KEYS[1], ARGV[1])
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 return claimed(out, redelivered)

@@ -10,5 +10,6 @@ for i = 3, #KEYS do
   if redis.call('LLEN', KEYS[i]) > 0 then return 0 end
 end
 redis.call('HSET', KEYS[1], 'state', 'IDLE', 'cap', ARGV[2])
+ready_at(KEYS[1], ARGV[1], READY_IDLE + now_us())
 change(KEYS[2], KEYS[1], ARGV[1], 'IDLE')
 return 1

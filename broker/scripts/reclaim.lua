@@ -52,6 +52,7 @@ redis.call('DEL', KEYS[4])
 if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivered) end
 if poisoned > 0 then redis.call('HINCRBY', KEYS[6], 'poisoned', poisoned) end
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
+not_ready(KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 return n + redelivered
