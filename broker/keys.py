@@ -96,7 +96,8 @@ def ready(model: str) -> str:
     """ZSET of the executors of this model that can take a task now: IDLE or WAITING with
     capacity. The lowest score is routed to first: a WAITING executor scores its capacity
     (the fullest first), an IDLE one READY_IDLE plus when it went idle, in epoch
-    microseconds (the longest idle first). Kept by the scripts that change state; route.lua drops lapsed entries."""
+    microseconds (the longest idle first). Kept by the scripts that change state;
+    route.lua drops lapsed entries."""
     parse_model(model)
     return f"tandem:ready:{model}"
 

@@ -190,6 +190,19 @@ class Table:
         ]
         return _claimed(self._call("claim", script_keys, [n, "1" if alone else "0"]))
 
+    def claim_or_idle(self, executor_id: str, model: str, max_batch: int) -> Claimed | None:
+        """After a compute, one round trip: the next batch (one redelivered task alone, or
+        up to max_batch from L1), or None when there was none and the executor went IDLE
+        (or is STOPPING) in the same atomic step."""
+        script_keys = [
+            keys.executor(executor_id),
+            keys.inflight(executor_id),
+            keys.CHANGES,
+            *keys.claim_keys(model),
+        ]
+        reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
+        return None if reply[0] == 2 else _claimed(reply)
+
     def go_idle(self, executor_id: str, model: str, max_batch: int) -> bool:
         """Go IDLE only if the retry list and L1 are empty, in one atomic step."""
         script_keys = [keys.executor(executor_id), keys.CHANGES, *keys.claim_keys(model)]

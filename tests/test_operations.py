@@ -234,13 +234,17 @@ def _watched(settings) -> bool:
 
 
 def test_a_new_worker_takes_the_l1_backlog_at_once(processes, settings, r):
-    processes.worker("w1", sim_base_ms=1000.0)
+    busy = processes.worker("w1", sim_base_ms=1000.0)
     with Client(settings=settings) as client:
         results = client.submit_many("sim:1", [[n] for n in range(80)])
         wait_until(lambda: Table(r).l1_depth("sim:1") == 79, 10, "the backlog")
-        processes.worker("w2", idle=False)
-        newcomer = wait_until(
-            lambda: [e for e in executors_of(r, "w2") if e.inflight_depth], 30, "w2 claiming"
-        )[0]
+        busy.send_signal(signal.SIGSTOP)  # w1 stays busy however long w2 takes to start
+        try:
+            processes.worker("w2", idle=False)
+            newcomer = wait_until(
+                lambda: [e for e in executors_of(r, "w2") if e.inflight_depth], 30, "w2 claiming"
+            )[0]
+        finally:
+            busy.send_signal(signal.SIGCONT)
         assert newcomer.inflight_depth == 32  # a full batch straight from L1
         assert [res.get(timeout=60) for res in results] == [[n] for n in range(80)]

@@ -140,6 +140,22 @@ def test_a_lapsed_executor_is_dropped_and_its_heartbeat_puts_it_back(table, r):
     assert route(table, 1)[1] == "a"
 
 
+def test_claim_or_idle_claims_while_work_waits_and_else_goes_idle(table, r):
+    register(table, "a")  # WORKING, as after a compute
+    ids = [route(table, n)[0] for n in range(3)]
+    batch = table.claim_or_idle("a", MODEL, 2)
+    assert [json.loads(m)["headers"]["id"] for m in batch] == ids[:2]
+    assert not batch.redelivered and r.hget(keys.executor("a"), "state") == b"WORKING"
+    assert len(table.claim_or_idle("a", MODEL, 2)) == 1
+    assert table.claim_or_idle("a", MODEL, 2) is None  # nothing left: IDLE, in one step
+    assert r.hmget(keys.executor("a"), "state", "cap") == [b"IDLE", b"2"]
+    assert r.zscore(keys.ready(MODEL), "a") >= keys.READY_IDLE
+    table.set_state("a", State.STOPPING)
+    route(table, 9)  # to L1: a STOPPING executor takes nothing more
+    assert table.claim_or_idle("a", MODEL, 2) is None
+    assert r.hget(keys.executor("a"), "state") == b"STOPPING" and table.l1_depth(MODEL) == 1
+
+
 def test_go_idle_refuses_while_l1_holds_work(table):
     register(table, "a")
     route(table, 0)

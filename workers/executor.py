@@ -315,15 +315,13 @@ class Executor:
                     log.exception("hook %s failed", type(hook).__name__)
 
     def _claim_or_idle(self) -> list[bytes]:
-        """After a compute: go IDLE if there is no work, else claim a batch (one
-        redelivered task alone, or up to max_batch from L1)."""
-        while True:
-            if self.table.go_idle(self.id, self.model_ref, self.max_batch):
-                self._moved(State.IDLE)
-                return []
-            batch = self.table.claim(self.id, self.model_ref, self.max_batch, alone=True)
-            if batch:
-                return batch
+        """After a compute: claim a batch (one redelivered task alone, or up to max_batch
+        from L1), or go IDLE if there is no work; one round trip either way."""
+        batch = self.table.claim_or_idle(self.id, self.model_ref, self.max_batch)
+        if batch is None:
+            self._moved(State.IDLE)
+            return []
+        return batch
 
     def _wait_for_batch(self) -> list[bytes]:
         """IDLE: block on L2; the first task opens the batch window (WAITING)."""

@@ -11,6 +11,7 @@ NAMES = (
     "begin",
     "claim",
     "idle",
+    "claim_or_idle",
     "state",
     "complete",
     "reclaim",

@@ -1,0 +1,19 @@
+-- After a compute, in one round trip: claim the next batch (one redelivered task
+-- alone, else up to N from L1, oldest and highest priority first), or, when there
+-- is nothing to claim, go IDLE with full capacity in the same atomic step, so no
+-- task can wait in L1 while this executor is IDLE. A STOPPING executor claims
+-- nothing more and stays STOPPING.
+-- KEYS: executor hash, in-flight, changes, retry list, L1 keys of every priority
+-- ARGV: executor id, max_batch
+-- Returns 2 when it went IDLE (or is STOPPING); else 1 if it took a redelivered
+-- task, 0 if not, then the messages moved into in-flight.
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return {2} end
+local out = {}
+if claim_retry(KEYS[4], KEYS[2], out) then return claimed(out, true) end
+claim_l1(5, #KEYS, KEYS[2], tonumber(ARGV[2]), out)
+if #out > 0 then return claimed(out, false) end
+redis.call('HSET', KEYS[1], 'state', 'IDLE', 'cap', ARGV[2])
+ready_at(KEYS[1], ARGV[1], READY_IDLE + now_us())
+change(KEYS[3], KEYS[1], ARGV[1], 'IDLE')
+return {2}
