@@ -126,7 +126,9 @@ def test_dead_letters_can_be_listed_requeued_and_purged(processes, settings, r):
 def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes, settings, r):
     """A bug right after a claim (the tasks are in in-flight): the executor hands them back
     through reclaim, registers again and serves them."""
-    os.environ[FAULTS] = "claim:after:1:crash"  # read by the worker process it starts
+    # Its first claim_or_idle goes IDLE at start; the second claims the tasks that queued
+    # in L1 while it computed the first one.
+    os.environ[FAULTS] = "claim_or_idle:after:2:crash"  # read by the worker process it starts
     try:
         processes.worker("w2", sim_base_ms=50.0)
     finally:
@@ -136,7 +138,7 @@ def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes,
         submitted = [client.submit("sim:1", [n]) for n in range(20)]
         assert [x.get(timeout=60) for x in submitted] == [[n] for n in range(20)]
     log = processes.log("w2")
-    assert "failed (RuntimeError: injected fault at claim:after:1); restart 1" in log
+    assert "failed (RuntimeError: injected fault at claim_or_idle:after:2); restart 1" in log
     assert [e.id for e in executors_of(r, "w2")] == [executor.id]  # registered again
     assert r.llen(keys.inflight(executor.id)) == 0
     assert int(r.hget(keys.STATS, "redelivered") or 0) >= 1
@@ -145,7 +147,7 @@ def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes,
 def test_an_executor_that_keeps_crashing_makes_its_worker_exit_non_zero(
     processes, settings, r, monkeypatch
 ):
-    monkeypatch.setenv(FAULTS, "claim:before:*:crash")
+    monkeypatch.setenv(FAULTS, "claim_or_idle:before:*:crash")
     worker = processes.worker("w1", idle=False, max_restarts=2)
     with Client(settings=settings) as client:
         waiting = [client.submit("sim:1", [n]).id for n in range(5)]
