@@ -203,11 +203,6 @@ class Table:
         reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
         return None if reply[0] == 2 else _claimed(reply)
 
-    def go_idle(self, executor_id: str, model: str, max_batch: int) -> bool:
-        """Go IDLE only if the retry list and L1 are empty, in one atomic step."""
-        script_keys = [keys.executor(executor_id), keys.CHANGES, *keys.claim_keys(model)]
-        return bool(self._call("idle", script_keys, [executor_id, max_batch]))
-
     def set_state(self, executor_id: str, state: State) -> None:
         self._call("state", [keys.executor(executor_id), keys.CHANGES], [executor_id, state.value])
 

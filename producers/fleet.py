@@ -59,7 +59,7 @@ def measure(size: int, tasks: int, folder: Path) -> dict:
             )
         busy_us, busy_rate = route_cost(client, table, tasks)
         client.delete(*keys.l1_keys(MODEL))
-        assert table.go_idle("e0", MODEL, 32)
+        assert table.claim_or_idle("e0", MODEL, 32) is None
         idle_us, idle_rate = route_cost(client, table, tasks)
         client.close()
     finally:

@@ -103,7 +103,7 @@ def register_fleet(table: Table, size: int) -> None:
             pid=0,
         )
         if lapsed:
-            assert table.go_idle(fake, MODEL, MAX_BATCH)
+            assert table.claim_or_idle(fake, MODEL, MAX_BATCH) is None
 
 
 def run_load(settings, r, executor_class=Executor, tasks_per_producer: int = 150, fleet=0):

@@ -38,7 +38,7 @@ def register(
 
 
 def idle(table: Table, executor_id: str, max_batch: int = 4) -> None:
-    assert table.go_idle(executor_id, MODEL, max_batch)
+    assert table.claim_or_idle(executor_id, MODEL, max_batch) is None
 
 
 def route(table: Table, n: int, priority: int = 0) -> tuple[str, str | None]:
@@ -134,7 +134,7 @@ def test_a_lapsed_executor_is_dropped_and_its_heartbeat_puts_it_back(table, r):
     assert route(table, 0)[1] is None
     assert r.zscore(keys.ready(MODEL), "a") is None
     assert table.claim("a", MODEL, 1)  # its executor takes that task, and goes idle
-    assert table.go_idle("a", MODEL, 4)
+    assert table.claim_or_idle("a", MODEL, 4) is None
     r.zrem(keys.ready(MODEL), "a")  # dropped again while lapsed
     table.heartbeat(["a"], 60_000)
     assert route(table, 1)[1] == "a"
@@ -154,14 +154,6 @@ def test_claim_or_idle_claims_while_work_waits_and_else_goes_idle(table, r):
     route(table, 9)  # to L1: a STOPPING executor takes nothing more
     assert table.claim_or_idle("a", MODEL, 2) is None
     assert r.hget(keys.executor("a"), "state") == b"STOPPING" and table.l1_depth(MODEL) == 1
-
-
-def test_go_idle_refuses_while_l1_holds_work(table):
-    register(table, "a")
-    route(table, 0)
-    assert not table.go_idle("a", MODEL, 4)
-    assert len(table.claim("a", MODEL, 4)) == 1
-    assert table.go_idle("a", MODEL, 4)
 
 
 def test_claim_takes_oldest_first_and_higher_priority_first(table, r):
@@ -287,7 +279,7 @@ def test_stopping_is_final_until_the_executor_registers_again(table, r):
     idle(table, "a")
     table.set_state("a", State.STOPPING)
     for step in (
-        lambda: table.go_idle("a", MODEL, 4),
+        lambda: table.claim_or_idle("a", MODEL, 4),
         lambda: table.set_state("a", State.WAITING),
         lambda: table.begin("a", MODEL, room=4, taken=1),
     ):
@@ -329,7 +321,7 @@ def test_a_redelivered_task_is_claimed_alone_and_before_l1(table, r):
     died_holding(table, r, "dead", 1)
     fresh = [route(table, n)[0] for n in range(1, 4)]
     register(table, "a")
-    assert not table.go_idle("a", MODEL, 4)  # the retry list is work
+    assert r.llen(keys.retry(MODEL)) == 1  # work that claim_or_idle would take
     # A batch with room but tasks already in it never takes a retry task.
     assert ids_in_batch(table.claim("a", MODEL, 1)) == fresh[:1]
     redelivered = table.claim("a", MODEL, 4, alone=True)

@@ -10,7 +10,6 @@ NAMES = (
     "route",
     "begin",
     "claim",
-    "idle",
     "claim_or_idle",
     "state",
     "complete",
