@@ -167,14 +167,15 @@ class Soak:
             executors = Table(self.redis).executors()
         except redis.RedisError:
             return
-        # A busy one if any (its in-flight tasks must come back); else any, so kills happen.
-        busy = [e for e in executors if e.inflight_depth] or executors
+        # Only workers this soak runs now (not one a poison task took down, whose executors
+        # wait for the coordinator); a busy one if any (its in-flight tasks must come back),
+        # else any, so kills happen.
+        running = [e for e in executors if e.worker in self.workers]
+        busy = [e for e in running if e.inflight_depth] or running
         if not busy:
             return
         victim = rng.choice(busy)
-        process = self.workers.pop(victim.worker, None)
-        if process is None:
-            return
+        process = self.workers.pop(victim.worker)
         held = self._held(victim.id)
         process.kill()
         killed = time.monotonic()
