@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -15,6 +16,10 @@ from broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from broker.settings import Settings, load_settings
 from broker.table import Table, convert_error
 from workers.app import make_app
+
+#: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
+#: comes up is used within this long.
+LATEST_TTL_S = 1.0
 
 
 class TandemResult(AsyncResult):
@@ -44,6 +49,7 @@ class Client:
         self.app = make_app(self.settings)
         self.submitted = 0
         self.to_l2 = 0
+        self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)
         self._dispatcher = None  # task-sent events, made on first use
         self._events_lock = threading.Lock()
 
@@ -170,13 +176,19 @@ class Client:
         self.close()
 
     def resolve(self, model: str) -> str:
-        """NAME:VERSION as given, or NAME:latest made concrete."""
+        """NAME:VERSION as given, or NAME:latest made concrete. What `latest` means is read
+        from the executor table at most once every LATEST_TTL_S per name, not per submit."""
         name, version = keys.parse_model(model)
         if version != "latest":
             return model
+        now = time.monotonic()
+        cached = self._latest.get(name)
+        if cached is not None and now - cached[1] < LATEST_TTL_S:
+            return cached[0]
         latest = self.table.latest(name)
         if latest is None:
             raise UnknownModel(f"no live executor serves any version of {name!r}")
+        self._latest[name] = (latest, now)
         return latest
 
     def _encode(

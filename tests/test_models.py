@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import time
 from pathlib import Path
 
 import msgpack
@@ -18,6 +19,7 @@ from broker import keys, payload
 from broker.errors import BadInput, ModelError, ModelLoadError
 from broker.table import Table
 from helpers import plain_celery
+from producers import client as client_module
 from producers.client import Client
 from workers.models.repository import RepoModel, Repository, check
 from workers.models.spec import load_config
@@ -282,6 +284,16 @@ def test_latest_is_the_highest_version(tmp_path, processes, settings, r, factori
         result = client.submit("lin:latest", [1.0, 2.0, 3.0, 4.0])
         assert result.executor.endswith("/lin:10/" + result.executor.rsplit("/", 1)[1])
         assert result.get(timeout=20) == pytest.approx(net(torch.tensor([1.0, 2, 3, 4])).tolist())
+        # The executor table is read once a LATEST_TTL_S per name, not on every submit.
+        reads = []
+        table_latest = client.table.latest
+        client.table.latest = lambda name: reads.append(name) or table_latest(name)
+        client._latest.clear()
+        started = time.monotonic()
+        for n in range(20):
+            client.submit("lin:latest", [1.0, 2.0, 3.0, float(n)])
+        elapsed = time.monotonic() - started
+        assert 1 <= len(reads) <= 1 + elapsed / client_module.LATEST_TTL_S
 
 
 @pytest.mark.parametrize(
