@@ -48,15 +48,13 @@ def observe(counts: Counter, name: str, value: float) -> None:
     counts[f"{name}:count"] += 1
 
 
-def record(client: redis.Redis, model: str, counts: Counter) -> None:
-    """Add a batch's counters to the model's hash, in one round trip."""
-    with client.pipeline(transaction=False) as pipe:
-        for field, value in counts.items():
-            if isinstance(value, float):
-                pipe.hincrbyfloat(keys.metrics(model), field, value)
-            else:
-                pipe.hincrby(keys.metrics(model), field, value)
-        pipe.execute()
+def record(pipe: redis.client.Pipeline, model: str, counts: Counter) -> None:
+    """Queue a batch's counters for the model's hash on a pipeline."""
+    for field, value in counts.items():
+        if isinstance(value, float):
+            pipe.hincrbyfloat(keys.metrics(model), field, value)
+        else:
+            pipe.hincrby(keys.metrics(model), field, value)
 
 
 class Collector:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -218,9 +218,15 @@ class Table:
         key = keys.executor(executor_id)
         return int(self._step("capacity", lambda: self.redis.hget(key, "cap")) or 0)
 
-    def complete(self, executor_id: str, entries: Sequence[tuple[bytes, str, str]]) -> int:
+    def complete(
+        self,
+        executor_id: str,
+        entries: Sequence[tuple[bytes, str, str]],
+        also: Callable[[redis.client.Pipeline], None] | None = None,
+    ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
-        result JSON), or (raw, "", dead-letter record) for a message without a usable id."""
+        result JSON), or (raw, "", dead-letter record) for a message without a usable id.
+        also: queues more commands (the batch's metrics) in the same round trip."""
         s = self.settings
         args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s]
         for entry in entries:
@@ -231,7 +237,15 @@ class Table:
             keys.DEAD,
             keys.STATS,
         ]
-        return self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
+
+        def call() -> int:
+            with self.redis.pipeline(transaction=False) as pipe:
+                self.scripts.complete(keys=script_keys, args=args, client=pipe)
+                if also is not None:
+                    also(pipe)
+                return pipe.execute()[0]
+
+        return self._step("complete", call)
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False

@@ -1,4 +1,5 @@
-"""Route cost as the fleet grows: `python -m producers.fleet [--sizes 2,32,256,1024]`.
+"""Route cost as the fleet grows: `python -m producers.fleet [--sizes 2,32,256,1024]`;
+and `--path`: Redis CPU per task and scripts per batch on the whole zero-cost path.
 
 For each fleet size it starts a Redis of its own, registers that many executors of one
 model, all WORKING (the high-load case, where every task goes to L1), routes tasks in
@@ -18,7 +19,10 @@ import redis
 
 from broker import keys, message
 from broker.server import RedisServer
+from broker.settings import load_settings
+from broker.stack import Stack
 from broker.table import Table
+from producers.client import Client
 
 MODEL = "sim:1"
 
@@ -73,12 +77,45 @@ def measure(size: int, tasks: int, folder: Path) -> dict:
     }
 
 
+def path_cost(tasks: int, folder: Path) -> dict:
+    """One worker serving sim at zero cost; a burst of `tasks` through the whole path (route,
+    claim, store, metrics, events). Redis CPU per task, and scripts run per batch."""
+    settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
+    with Stack(settings, workers=1, data_dir=folder) as stack, Client(settings=stack.settings) as c:
+        client = redis.Redis.from_url(stack.url)
+        c.submit(MODEL, [0]).get(timeout=10)
+        time.sleep(2 * settings.heartbeat_s)  # a heartbeat has seen no revocations
+        (before,) = c.table.executors(MODEL)
+        client.config_resetstat()
+        c.submit_many(MODEL, [[n] for n in range(tasks)])
+        deadline = time.monotonic() + 120
+        while c.table.executors(MODEL)[0].tasks < before.tasks + tasks:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the burst did not finish in 120 s")
+            time.sleep(0.01)  # polling a counter, bounded by the deadline
+        (after,) = c.table.executors(MODEL)
+        stats = client.info("commandstats")
+        client.close()
+    batches = after.batches - before.batches
+    scripts = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    return {
+        "tasks": tasks,
+        "batches": batches,
+        "redis_cpu_us_per_task": round(sum(v["usec"] for v in stats.values()) / tasks, 1),
+        "executor_scripts_per_batch": round((scripts - tasks) / batches, 2),  # less the routes
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2,32,256,1024")
     parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--path", action="store_true", help="The whole path's cost instead.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
+        if args.path:
+            print(path_cost(6400, Path(folder)), flush=True)
+            return
         for size in [int(s) for s in args.sizes.split(",")]:
             print(measure(size, args.tasks, Path(folder)), flush=True)
 

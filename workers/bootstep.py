@@ -44,7 +44,7 @@ class Executors(bootsteps.StartStopStep):
         worker.app.tandem_executors = self  # for remote control (workers/control.py)
         client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
         table = Table(client, settings)
-        hooks = [Logs(), Metrics(table.redis), CeleryEvents(worker.app, worker.hostname)]
+        hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
         canvas = Canvas(worker.app, worker.hostname)
         for ref, model in worker.app.tandem_models.items():
             executor = Executor(

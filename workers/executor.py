@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,7 +27,7 @@ from typing import Any
 
 import redis
 
-from broker import deadletter, keys, message, results
+from broker import deadletter, keys, message, metrics, results
 from broker.errors import (
     BadInput,
     ExecutorCrashed,
@@ -481,14 +482,17 @@ class Executor:
         for n, task in canvas:
             self.canvas.before_store(task, done.outputs.get(n))
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+        done.stored_at = time.time()
+        counts = self._counters(done)
         self._retry(
-            lambda: self.table.complete(self.id, entries),
+            lambda: self.table.complete(
+                self.id, entries, also=lambda pipe: metrics.record(pipe, self.model_ref, counts)
+            ),
             stoppable=False,
             on=(redis.ConnectionError, redis.TimeoutError),
         )
         for n, task in canvas:
             self.canvas.after_store(task, done.outputs.get(n))
-        done.stored_at = time.time()
         self.batches += 1
         self.tasks += len(done.tasks)
         self.failed += sum(task.error is not None for task in done.tasks)
@@ -498,6 +502,16 @@ class Executor:
                 hook.batch_done(self, done)
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
+
+    def _counters(self, done: Done) -> Counter:
+        """Every hook's metrics counters for this batch, stored with its results."""
+        counts: Counter = Counter()
+        for hook in self.hooks:
+            try:
+                counts.update(hook.counters(self, done))
+            except Exception:  # noqa: BLE001 - a hook never stops results flowing
+                log.exception("hook %s failed", type(hook).__name__)
+        return counts
 
     def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
         if task.id is None:

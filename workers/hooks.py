@@ -1,7 +1,8 @@
 """What hangs off an executor's transitions: logs, metrics and Celery task events.
 
-Hooks run on the returner thread after a batch's results are stored, so they never
-hold up a compute. A hook that raises is logged and skipped.
+Hooks run on the returner thread, so they never hold up a compute: `counters` just
+before a batch's results are stored (what they return is added in the same round trip),
+`batch_done` after. A hook that raises is logged and skipped.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
-
-import redis
 
 from broker import metrics
 from broker.errors import Revoked
@@ -23,6 +22,10 @@ log = logging.getLogger("tandem.executor")
 
 
 class Hook:
+    def counters(self, executor: Executor, done: Done) -> Counter:
+        """Metrics counters to add to the model's hash with the batch's results."""
+        return Counter()
+
     def batch_done(self, executor: Executor, done: Done) -> None:
         """A batch's results are stored."""
 
@@ -57,12 +60,10 @@ class Logs(Hook):
 
 
 class Metrics(Hook):
-    """Counters and histograms of each batch, added to the model's metrics hash."""
+    """Counters and histograms of each batch, for the model's metrics hash. done.stored_at
+    is when the store was sent, so latency ends there."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.redis = client
-
-    def batch_done(self, executor: Executor, done: Done) -> None:
+    def counters(self, executor: Executor, done: Done) -> Counter:
         counts: Counter = Counter()
         if done.outputs:
             metrics.observe(counts, "batch_size", len(done.outputs))
@@ -77,7 +78,7 @@ class Metrics(Hook):
                     metrics.observe(
                         counts, "queue_wait_ms", max(0.0, done.claimed_at - task.sent_at) * 1000
                     )
-        metrics.record(self.redis, executor.model_ref, counts)
+        return counts
 
 
 class CeleryEvents(Hook):
