@@ -36,6 +36,7 @@ STATS = {
     "duplicates": "Second results of a redelivered task, dropped.",
     "poisoned": "Tasks that reached max_deliveries.",
     "dead_lettered": "Dead letters written (poison tasks and messages without an id).",
+    "registrations": "Executor registrations: starts, restarts in place, re-registrations.",
 }
 
 

@@ -144,7 +144,13 @@ class Table:
         max_queue: int = 0,
     ) -> None:
         """Register an executor (WORKING, no capacity) and set its model's L1 bound."""
-        script_keys = [keys.executor(executor_id), keys.executors(model), keys.MODELS, keys.CHANGES]
+        script_keys = [
+            keys.executor(executor_id),
+            keys.executors(model),
+            keys.MODELS,
+            keys.CHANGES,
+            keys.STATS,
+        ]
         args = [
             executor_id,
             model,

@@ -85,6 +85,8 @@ def test_poison_tasks_are_quarantined_and_every_other_task_completes(
     assert value(samples, "tandem_dead_letters") == 2
     assert value(samples, "tandem_redelivered_total") >= 2 * settings.max_deliveries - 1
     assert value(samples, "tandem_retry_depth", model="saboteur:1") == 0
+    # 2 workers started, then each one the poison took down started again: flapping.
+    assert value(samples, "tandem_registrations_total") >= 2 + len(exits)
     out = dead_cli(settings)
     assert "2 dead letters" in out and killer in out and hanger in out
     assert "PoisonMessage: quarantined after 3 deliveries" in out
@@ -142,6 +144,7 @@ def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes,
     assert [e.id for e in executors_of(r, "w2")] == [executor.id]  # registered again
     assert r.llen(keys.inflight(executor.id)) == 0
     assert int(r.hget(keys.STATS, "redelivered") or 0) >= 1
+    assert int(r.hget(keys.STATS, "registrations")) >= 2  # its start, and its restart
 
 
 def test_an_executor_that_keeps_crashing_makes_its_worker_exit_non_zero(

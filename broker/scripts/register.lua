@@ -1,6 +1,6 @@
 -- Register an executor. It starts WORKING with no capacity, and its first
 -- step claims any L1 backlog or goes IDLE.
--- KEYS: executor hash, executors set, models set, changes
+-- KEYS: executor hash, executors set, models set, changes, stats
 -- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid, max_queue,
 --       max_queue hash, ready set
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
@@ -16,4 +16,6 @@ else
   redis.call('HDEL', ARGV[9], ARGV[2])
 end
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
+-- Every start, restart in place and registration after a reclaim: flapping shows here.
+redis.call('HINCRBY', KEYS[5], 'registrations', 1)
 return 1
