@@ -163,19 +163,12 @@ class Soak:
             self.kill_one(rng)
 
     def kill_one(self, rng: random.Random) -> None:
-        try:
-            executors = Table(self.redis).executors()
-        except redis.RedisError:
+        victim = self._victim(rng)
+        if victim is None:
             return
-        # Only workers this soak runs now (not one a poison task took down, whose executors
-        # wait for the coordinator); a busy one if any (its in-flight tasks must come back),
-        # else any, so kills happen.
-        running = [e for e in executors if e.worker in self.workers]
-        busy = [e for e in running if e.inflight_depth] or running
-        if not busy:
+        process = self.workers.pop(victim.worker, None)
+        if process is None:  # the supervisor saw it exit first
             return
-        victim = rng.choice(busy)
-        process = self.workers.pop(victim.worker)
         held = self._held(victim.id)
         process.kill()
         killed = time.monotonic()
@@ -193,6 +186,26 @@ class Soak:
                 self.report.served_again_s.append(time.monotonic() - killed)
                 return
             time.sleep(0.02)
+
+    def _victim(self, rng: random.Random):
+        """An executor of a worker this soak runs now (not one a poison task took down,
+        whose executors wait for the coordinator): a busy one if any (its in-flight tasks
+        must come back), else any. While every worker is still starting (after poison
+        tasks or the Redis restart), wait for one, up to kill_every_s, so kills happen."""
+        deadline = time.monotonic() + self.kill_every_s
+        while not self._stop.is_set():
+            try:
+                executors = Table(self.redis).executors()
+            except redis.RedisError:
+                executors = []
+            running = [e for e in executors if e.worker in self.workers]
+            busy = [e for e in running if e.inflight_depth] or running
+            if busy:
+                return rng.choice(busy)
+            if time.monotonic() > deadline:
+                return None
+            self._stop.wait(0.1)  # polling for a registered worker, bounded by the deadline
+        return None
 
     def _held(self, executor_id: str) -> list[str]:
         """Ids of the good tasks in an executor's L2 and in-flight lists."""
