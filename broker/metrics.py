@@ -1,7 +1,8 @@
 """Metrics: executors record them in Redis per batch; the coordinator serves them to Prometheus.
 
 Each model has one hash, keys.metrics(model), with counters that only grow:
-``route:L1`` and ``route:L2`` (route.lua), ``outcome:SUCCESS|FAILURE``,
+``route:L1`` and ``route:L2`` (route.lua), and from each batch (complete.lua, with the
+counters the executor's hooks give) ``outcome:SUCCESS|FAILURE``,
 ``failure:<reason>``, and per histogram ``<name>:<bucket>`` (non-cumulative),
 ``<name>:sum`` and ``<name>:count``.
 """
@@ -47,15 +48,6 @@ def observe(counts: Counter, name: str, value: float) -> None:
     counts[f"{name}:{bounds[index] if index < len(bounds) else '+Inf'}"] += 1
     counts[f"{name}:sum"] += value
     counts[f"{name}:count"] += 1
-
-
-def record(pipe: redis.client.Pipeline, model: str, counts: Counter) -> None:
-    """Queue a batch's counters for the model's hash on a pipeline."""
-    for field, value in counts.items():
-        if isinstance(value, float):
-            pipe.hincrbyfloat(keys.metrics(model), field, value)
-        else:
-            pipe.hincrby(keys.metrics(model), field, value)
 
 
 class Collector:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -228,13 +228,18 @@ class Table:
         self,
         executor_id: str,
         entries: Sequence[tuple[bytes, str, str]],
-        also: Callable[[redis.client.Pipeline], None] | None = None,
+        *,
+        model: str = "",
+        counters: Mapping[str, float] | None = None,
     ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id.
-        also: queues more commands (the batch's metrics) in the same round trip."""
+        counters: the batch's metrics, added to the model's metrics hash in the same step."""
         s = self.settings
-        args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s]
+        counters = counters or {}
+        args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s, len(counters)]
+        for field, value in counters.items():
+            args.extend((field, value))
         for entry in entries:
             args.extend(entry)
         script_keys = [
@@ -242,16 +247,9 @@ class Table:
             keys.executor(executor_id),
             keys.DEAD,
             keys.STATS,
+            *([keys.metrics(model)] if counters else []),
         ]
-
-        def call() -> int:
-            with self.redis.pipeline(transaction=False) as pipe:
-                self.scripts.complete(keys=script_keys, args=args, client=pipe)
-                if also is not None:
-                    also(pipe)
-                return pipe.execute()[0]
-
-        return self._step("complete", call)
+        return self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False

@@ -98,11 +98,13 @@ def path_cost(tasks: int, folder: Path) -> dict:
         client.close()
     batches = after.batches - before.batches
     scripts = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    script_checks = stats.get("cmdstat_script", {}).get("calls", 0)  # SCRIPT EXISTS/LOAD
     return {
         "tasks": tasks,
         "batches": batches,
         "redis_cpu_us_per_task": round(sum(v["usec"] for v in stats.values()) / tasks, 1),
         "executor_scripts_per_batch": round((scripts - tasks) / batches, 2),  # less the routes
+        "script_checks_per_batch": round(script_checks / batches, 2),
     }
 
 

@@ -246,6 +246,21 @@ def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
     assert r.hget(keys.executor("a"), "tasks") == b"2"
 
 
+def test_complete_adds_the_batch_metrics_in_the_same_step(table, r):
+    register(table, "a")
+    task_id, _ = route(table, 0)
+    raw = table.claim("a", MODEL, 1)[0]
+    entry = (raw, keys.result(task_id), results.success(task_id, [0]))
+    counts = {"outcome:SUCCESS": 1, "compute_ms:sum": 2.5}
+    for _ in range(2):
+        table.complete("a", [entry], model=MODEL, counters=counts)
+    assert r.hgetall(keys.metrics(MODEL)) == {
+        b"route:L1": b"1",
+        b"outcome:SUCCESS": b"2",
+        b"compute_ms:sum": b"5",
+    }
+
+
 def test_complete_never_overwrites_a_revoked_result(table, r):
     register(table, "a")
     task_id, _ = route(table, 0)

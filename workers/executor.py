@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from broker import deadletter, keys, message, metrics, results
+from broker import deadletter, keys, message, results
 from broker.errors import (
     BadInput,
     ExecutorCrashed,
@@ -485,9 +485,7 @@ class Executor:
         done.stored_at = time.time()
         counts = self._counters(done)
         self._retry(
-            lambda: self.table.complete(
-                self.id, entries, also=lambda pipe: metrics.record(pipe, self.model_ref, counts)
-            ),
+            lambda: self.table.complete(self.id, entries, model=self.model_ref, counters=counts),
             stoppable=False,
             on=(redis.ConnectionError, redis.TimeoutError),
         )

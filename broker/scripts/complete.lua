@@ -1,12 +1,23 @@
 -- Finish a batch: store each result in Celery's format, publish it, and drop
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
--- KEYS: in-flight, executor hash, dead-letter list, stats hash
--- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, then (raw message,
---       result key, result JSON) triples; an empty result key means the JSON is
---       a dead-letter record (a message without a usable id).
+-- The batch's metrics counters are added in the same step.
+-- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash
+-- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, M, then M (metrics field,
+--       increment) pairs, then (raw message, result key, result JSON) triples; an
+--       empty result key means the JSON is a dead-letter record (a message without a
+--       usable id).
+local first = 5 + 2 * tonumber(ARGV[4])
+for i = 5, first - 1, 2 do
+  local by = ARGV[i + 1]
+  if string.find(by, '^-?%d+$') then
+    redis.call('HINCRBY', KEYS[5], ARGV[i], by)
+  else
+    redis.call('HINCRBYFLOAT', KEYS[5], ARGV[i], by)
+  end
+end
 local n = 0
-for i = 4, #ARGV, 3 do
+for i = first, #ARGV, 3 do
   local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if key == '' then
     dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4])
