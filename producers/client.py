@@ -75,13 +75,14 @@ class Client:
             torch tensors or numpy arrays.
         """
         model = self.resolve(model)
-        task_id, envelope = self._encode(model, inputs, priority, deadline_s, task_id, binary)
+        expires = _expires(deadline_s)
+        task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
         executor = self.table.route(
             model,
             envelope,
             l1_key=keys.l1_for_priority(model, priority),
         )
-        self._sent(model, [task_id], deadline_s)
+        self._sent(model, [task_id], expires)
         return self._result(task_id, executor)
 
     def submit_many(
@@ -99,7 +100,8 @@ class Client:
         were enqueued; the accepted ones are on the error as `.accepted`.
         """
         model = self.resolve(model)
-        encoded = [self._encode(model, x, priority, deadline_s, None, binary) for x in inputs]
+        expires = _expires(deadline_s)
+        encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
         l1_key = keys.l1_for_priority(model, priority)
         try:
             with self.redis.pipeline(transaction=False) as pipe:
@@ -114,7 +116,7 @@ class Client:
                 errors.append(convert_error(reply))
             else:
                 results.append(self._result(task_id, reply.decode() if reply else None))
-        self._sent(model, [res.id for res in results], deadline_s)
+        self._sent(model, [res.id for res in results], expires)
         if errors:
             errors[0].accepted = results
             raise errors[0]
@@ -131,13 +133,10 @@ class Client:
         self.app.backend.mark_as_revoked(task_id, reason="revoked")
         self.app.control.revoke(task_id)
 
-    def _sent(self, model: str, task_ids: list[str], deadline_s: float | None) -> None:
+    def _sent(self, model: str, task_ids: list[str], expires: datetime | None) -> None:
         """Celery's task-sent events, when task_send_sent_event is on."""
         if not self.app.conf.task_send_sent_event or not task_ids:
             return
-        expires = None
-        if deadline_s is not None:
-            expires = (datetime.now(timezone.utc) + timedelta(seconds=deadline_s)).isoformat()
         queue = keys.l1(model)
         with self._events_lock:
             if self._dispatcher is None:
@@ -155,7 +154,7 @@ class Client:
                     kwargs=f"{{'model': {model!r}}}",
                     retries=0,
                     eta=None,
-                    expires=expires,
+                    expires=expires.isoformat() if expires else None,
                     queue=queue,
                     exchange="",
                     routing_key=queue,
@@ -196,15 +195,12 @@ class Client:
         model: str,
         inputs: Any,
         priority: int,
-        deadline_s: float | None,
+        expires: datetime | None,
         task_id: str | None,
         binary: bool | None,
     ) -> tuple[str, str]:
         if not 0 <= priority <= 9:
             raise ValueError(f"priority must be 0-9, got {priority}")
-        expires = None
-        if deadline_s is not None:
-            expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
         if binary is None:
             binary = _holds_tensors(inputs)
         try:
@@ -229,6 +225,13 @@ class Client:
         self.submitted += 1
         self.to_l2 += executor is not None
         return TandemResult(task_id, executor=executor, app=self.app)
+
+
+def _expires(deadline_s: float | None) -> datetime | None:
+    """When a task submitted now with this deadline expires."""
+    if deadline_s is None:
+        return None
+    return datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
 
 
 def _holds_tensors(inputs: Any) -> bool:
