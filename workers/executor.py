@@ -93,8 +93,8 @@ class Executor:
         self.gave_up = False
         self._in_a_row = 0  # restarts since the last stored batch
         self._ticked = time.monotonic()  # the loop's last sign of progress
-        self._busy_since: float | None = None  # when the compute in hand started
-        self._computing: tuple[list[message.Task], float | None] = ([], None)
+        #: The compute in hand: its tasks, its start (epoch s) and its start (monotonic s).
+        self._computing: tuple[list[message.Task], float, float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._new_returner()
@@ -116,16 +116,19 @@ class Executor:
         timeout = self.settings.compute_timeout_s
         if not timeout:
             return None
-        busy_since = self._busy_since
-        if busy_since is not None and now - busy_since > timeout:
+        computing = self._computing
+        if computing is not None and now - computing[2] > timeout:
             return "hung"
         if now - self._ticked > timeout:
             return "stalled"
         return None
 
-    def computing(self) -> list[tuple[message.Task, float | None]]:
+    def computing(self) -> list[tuple[message.Task, float]]:
         """The tasks of the batch computing now, each with its start (epoch seconds)."""
-        tasks, started = self._computing
+        computing = self._computing
+        if computing is None:
+            return []
+        tasks, started, _ = computing
         return [(task, started) for task in tasks]
 
     def info(self) -> dict[str, Any]:
@@ -386,13 +389,11 @@ class Executor:
             # the previous batch, stored by now, is not blamed with it.
             self._slot.join()
         if ready:
-            self._busy_since = time.monotonic()
-            self._computing = ([tasks[n] for n in ready], started_at)
+            self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
             try:
                 computed = self._run_isolated([tasks[n].inputs for n in ready])
             finally:
-                self._busy_since = None
-                self._computing = ([], None)
+                self._computing = None
             for n, out in zip(ready, computed, strict=True):
                 if isinstance(out, ModelError):
                     tasks[n].error = out
