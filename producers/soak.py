@@ -46,6 +46,7 @@ class Report:
     kills: int = 0
     exits: Counter = field(default_factory=Counter)
     quarantined: int = 0
+    quarantined_other: int = 0
     poison_sent: int = 0
     redis_restarts: int = 0
     recoveries_s: list[float] = field(default_factory=list)
@@ -66,6 +67,7 @@ class Report:
             f"redelivered            {self.redelivered}",
             f"worker kills survived  {self.kills}",
             f"poison tasks sent      {self.poison_sent} (quarantined {self.quarantined})",
+            f"quarantined, not poison {self.quarantined_other}",
             f"workers that exited    {exits} (restarted)",
             f"Redis restarts         {self.redis_restarts}",
             f"max recovery (kill to reclaim) {worst:.2f} s over {len(self.recoveries_s)} kills",
@@ -270,9 +272,12 @@ class Soak:
         stats = self.redis.hgetall(keys.STATS)
         report.duplicates = int(stats.get(b"duplicates", 0))
         report.redelivered = int(stats.get(b"redelivered", 0))
-        report.quarantined = sum(
-            x.reason.startswith("PoisonMessage") for x in deadletter.read(self.redis, 10_000)
-        )
+        for letter in deadletter.read(self.redis, 10_000):
+            if letter.reason.startswith("PoisonMessage"):
+                if self.accepted.get(letter.id) == "poison":
+                    report.quarantined += 1
+                else:  # its workers were killed under it max_deliveries times
+                    report.quarantined_other += 1
         self.server.stop()
 
     def _count(self, result_keys: list[str]) -> int:
