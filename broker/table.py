@@ -68,6 +68,25 @@ def _claimed(reply: list) -> Claimed:
     return out
 
 
+#: Messages per route script call: a burst is routed in calls of this many, so that
+#: no single call holds Redis for long.
+ROUTE_CHUNK = 256
+
+
+def _routed(model: str, reply: bytes | int) -> str | None | QueueFull:
+    """One message's route reply: an executor id, 0 (L1), or -depth (refused)."""
+    if isinstance(reply, bytes):
+        return reply.decode()
+    if reply < 0:
+        return QueueFull(f"{model} has {-reply} tasks waiting")
+    return None
+
+
+def _partial(error: Exception, routed: list) -> Exception:
+    error.routed = routed
+    return error
+
+
 def _gone(e: redis.ResponseError) -> bool:
     return str(e).startswith("GONE")
 
@@ -94,38 +113,51 @@ class Table:
     # Producers
 
     def route(self, model: str, message: str, *, l1_key: str) -> str | None:
-        """Enqueue one message by the two-level rule. Returns the executor id, or None for L1."""
-        try:
-            chosen = self.scripts.route(**self._route_call(model, message, l1_key))
-        except redis.ResponseError as e:
-            raise convert_error(e) from e
-        except redis.ConnectionError as e:
-            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
-        return chosen.decode() if chosen else None
+        """Enqueue one message by the two-level rule. Returns the executor id, or None for L1.
+        Raises UnknownModel, QueueFull or BrokerUnavailable."""
+        (reply,) = self.route_many(model, [message], l1_key=l1_key)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def route_many(
+        self, model: str, messages: Sequence[str], *, l1_key: str, chunk: int = ROUTE_CHUNK
+    ) -> list[str | None | QueueFull]:
+        """Enqueue messages of one model, each by the two-level rule, one script call (one
+        round trip) per `chunk` of them. One reply per message: the executor id, None for
+        L1, or the QueueFull that refused it. Raises UnknownModel or BrokerUnavailable,
+        with `.routed`: the replies of the earlier chunks, which were enqueued."""
+        out: list[str | None | QueueFull] = []
+        for start in range(0, len(messages), chunk):
+            try:
+                replies = self.scripts.route(
+                    **self._route_call(model, messages[start : start + chunk], l1_key)
+                )
+            except redis.ResponseError as e:
+                raise _partial(convert_error(e), out) from e
+            except redis.ConnectionError as e:
+                raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
+            out.extend(_routed(model, r) for r in replies)
+        return out
 
     def route_in(
-        self, pipe: redis.client.Pipeline, model: str, message: str, *, l1_key: str
+        self, pipe: redis.client.Pipeline, model: str, messages: Sequence[str], *, l1_key: str
     ) -> None:
-        """Queue a route call on a pipeline; its reply is what route() would decode."""
-        self.scripts.route(**self._route_call(model, message, l1_key), client=pipe)
+        """Queue one route call for `messages` on a pipeline (see route.lua's reply)."""
+        self.scripts.route(**self._route_call(model, messages, l1_key), client=pipe)
 
     @staticmethod
-    def _route_call(model: str, message: str, l1_key: str) -> dict:
+    def _route_call(model: str, messages: Sequence[str], l1_key: str) -> dict:
         return {
-            "keys": [
-                keys.ready(model),
-                keys.MODELS,
-                l1_key,
-                *keys.l1_keys(model),
-                keys.CHANGES,
-            ],
+            "keys": [keys.ready(model), keys.MODELS, l1_key, *keys.l1_keys(model), keys.CHANGES],
             "args": [
                 model,
-                message,
                 keys.EXECUTOR_PREFIX,
                 keys.L2_PREFIX,
                 keys.MAX_QUEUE,
                 keys.metrics(model),
+                keys.FULL_PREFIX,
+                *messages,
             ],
         }
 
@@ -404,8 +436,6 @@ def convert_error(e: redis.ResponseError) -> Exception:
         return UnknownModel(
             text.removeprefix("UNKNOWN_MODEL ") + "; start a worker with --model for it"
         )
-    if text.startswith("QUEUE_FULL"):
-        return QueueFull(text.removeprefix("QUEUE_FULL "))
     if refused := _REFUSED.search(text):
         return BrokerUnavailable(f"Redis refused the command: {refused.group(1)}")
     if isinstance(e, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)):

@@ -14,7 +14,7 @@ from celery.result import AsyncResult
 from broker import keys, message
 from broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from broker.settings import Settings, load_settings
-from broker.table import Table, convert_error
+from broker.table import Table
 from workers.app import make_app
 
 #: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
@@ -94,33 +94,45 @@ class Client:
         deadline_s: float | None = None,
         binary: bool | None = None,
     ) -> list[TandemResult]:
-        """Enqueue many tasks in one round trip, each routed by the same atomic rule.
+        """Enqueue many tasks, each routed by the same atomic rule, one round trip per
+        256 of them.
 
         If some are refused (QueueFull), the first error is raised after the others
-        were enqueued; the accepted ones are on the error as `.accepted`.
+        were enqueued; the accepted ones are on the error as `.accepted`. So are those
+        enqueued before a BrokerUnavailable cut a large burst short.
         """
         model = self.resolve(model)
         expires = _expires(deadline_s)
         encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
         l1_key = keys.l1_for_priority(model, priority)
+        envelopes = [envelope for _, envelope in encoded]
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for _task_id, envelope in encoded:
-                    self.table.route_in(pipe, model, envelope, l1_key=l1_key)
-                replies = pipe.execute(raise_on_error=False)
-        except redis.ConnectionError as e:
-            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
-        results, errors = [], []
-        for (task_id, _), reply in zip(encoded, replies, strict=True):
-            if isinstance(reply, redis.ResponseError):
-                errors.append(convert_error(reply))
-            else:
-                results.append(self._result(task_id, reply.decode() if reply else None))
-        self._sent(model, [res.id for res in results], expires)
+            replies = self.table.route_many(model, envelopes, l1_key=l1_key)
+        except (BrokerUnavailable, UnknownModel) as e:
+            e.accepted = self._accepted(model, encoded, e.routed, expires)[0]
+            raise
+        results, errors = self._accepted(model, encoded, replies, expires)
         if errors:
             errors[0].accepted = results
             raise errors[0]
         return results
+
+    def _accepted(
+        self,
+        model: str,
+        encoded: list[tuple[str, str]],
+        replies: list,
+        expires: datetime | None,
+    ) -> tuple[list[TandemResult], list[Exception]]:
+        """The results of the routed tasks, and the errors of the refused ones."""
+        results, errors = [], []
+        for (task_id, _), reply in zip(encoded, replies, strict=False):
+            if isinstance(reply, Exception):
+                errors.append(reply)
+            else:
+                results.append(self._result(task_id, reply))
+        self._sent(model, [res.id for res in results], expires)
+        return results, errors
 
     def revoke(self, task_id: str) -> None:
         """Revoke a task, as Celery's revoke does, and record it in Redis for every executor,

@@ -37,7 +37,7 @@ def route_cost(
     for _ in range(tasks // chunk):
         with client.pipeline(transaction=False) as pipe:
             for envelope in envelopes:
-                table.route_in(pipe, MODEL, envelope, l1_key=keys.l1(MODEL))
+                table.route_in(pipe, MODEL, [envelope], l1_key=keys.l1(MODEL))
             pipe.execute()
     elapsed = time.perf_counter() - started
     stats = client.info("commandstats")

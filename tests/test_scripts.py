@@ -199,6 +199,69 @@ def test_queue_bound_raises_queue_full(table, r):
     route(table, 3)
 
 
+def test_a_burst_is_routed_as_the_same_tasks_one_by_one_would_be(table, r):
+    """route_many, in script calls of 3: capacity first (WAITING, then the longest IDLE),
+    then L1 up to its bound, then QueueFull for each task over it; none lost."""
+    for executor_id in ("a", "b"):
+        table.register(
+            executor_id,
+            MODEL,
+            worker="w",
+            max_batch=2,
+            ttl_ms=60_000,
+            max_wait_ms=5,
+            pid=1,
+            max_queue=3,
+        )
+    idle(table, "a", max_batch=2)
+    idle(table, "b", max_batch=2)
+    table.set_state("b", State.WAITING)
+    sent = [message.encode(MODEL, [n], queue=keys.l1(MODEL)) for n in range(9)]
+    replies = table.route_many(MODEL, [m for _, m in sent], l1_key=keys.l1(MODEL), chunk=3)
+    assert replies[:7] == ["b", "b", "a", "a", None, None, None]
+    assert all(isinstance(e, QueueFull) and "3 tasks waiting" in str(e) for e in replies[7:])
+    assert ids_in(r, keys.l2("b")) == [sent[0][0], sent[1][0]]
+    assert ids_in(r, keys.l1(MODEL)) == [task_id for task_id, _ in sent[4:7]]
+    assert r.zcard(keys.ready(MODEL)) == 0
+    assert r.hgetall(keys.metrics(MODEL)) == {b"route:L2": b"4", b"route:L1": b"3"}
+
+
+def test_a_burst_for_an_unknown_model_enqueues_nothing(table, r):
+    with pytest.raises(UnknownModel):
+        table.route_many(MODEL, ["x", "y"], l1_key=keys.l1(MODEL))
+    assert r.dbsize() == 0
+
+
+def test_filling_a_waiting_executor_says_so_on_its_full_channel(table, r):
+    register(table, "a", max_batch=2)
+    idle(table, "a", max_batch=2)
+    table.set_state("a", State.WAITING)
+    with r.pubsub() as signals:
+        signals.subscribe(keys.full("a"))
+        assert signals.get_message(timeout=5)["type"] == "subscribe"
+        route(table, 0)
+        assert signals.get_message(timeout=0.1) is None
+        route(table, 1)
+        assert signals.get_message(timeout=5)["data"] == b"full"
+
+
+def test_complete_drops_its_tasks_from_in_flight_in_any_order(table, r):
+    """In claim order the tail is trimmed at once; any other order, each task is searched
+    for; either way only this batch's tasks leave in-flight."""
+    register(table, "a", max_batch=8)
+    for n in range(6):
+        route(table, n)
+    batch = table.claim("a", MODEL, 3)
+    later = table.claim("a", MODEL, 3)
+    for order in (list(batch), [later[2], later[0], later[1]]):
+        entries = [(raw, keys.result(json.loads(raw)["headers"]["id"]), "{}") for raw in order]
+        assert table.complete("a", entries) == 3
+        left = r.lrange(keys.inflight("a"), 0, -1)
+        assert not set(order) & set(left)
+    assert r.llen(keys.inflight("a")) == 0
+    assert r.hget(keys.executor("a"), "tasks") == b"6"
+
+
 def test_reclaim_spares_a_live_executor(table, r):
     register(table, "a")
     assert table.reclaim("a", MODEL) == -1

@@ -28,6 +28,14 @@ local function change(stream, hash, id, state)
     'executor', id, 'model', model, 'state', state, 'ms', now_ms())
 end
 
+-- LPUSH the messages items[1..] onto key in order (the last ends leftmost), in
+-- commands of up to 256 arguments.
+local function push_all(key, items)
+  for i = 1, #items, 256 do
+    redis.call('LPUSH', key, unpack(items, i, math.min(i + 255, #items)))
+  end
+end
+
 -- Pop up to n messages from the L1 keys KEYS[first..last], oldest first,
 -- highest priority first, into the in-flight list. Appends them to out.
 local function claim_l1(first, last, inflight, n, out)
@@ -35,10 +43,8 @@ local function claim_l1(first, last, inflight, n, out)
     if n <= 0 then break end
     local items = redis.call('RPOP', KEYS[i], n)
     if items then
-      for _, m in ipairs(items) do
-        redis.call('LPUSH', inflight, m)
-        out[#out + 1] = m
-      end
+      push_all(inflight, items)
+      for _, m in ipairs(items) do out[#out + 1] = m end
       n = n - #items
     end
   end
@@ -58,19 +64,19 @@ end
 
 -- Store a Celery result and publish it, unless a SUCCESS or a REVOKED is already
 -- stored: a redelivered task keeps one consistent result, and a revoked task's result
--- never flips. Returns true if it stored.
+-- never flips. One SET ... GET; the rare kept result is written back. Returns true if
+-- it stored.
 local function store_result(key, meta, ttl, stats)
-  local old = redis.call('GET', key)
+  local old = redis.call('SET', key, meta, 'EX', ttl, 'GET')
   if old then
     local ok, decoded = pcall(cjson.decode, old)
     local status = ok and type(decoded) == 'table' and decoded.status
-    if status == 'SUCCESS' then
-      redis.call('HINCRBY', stats, 'duplicates', 1)
+    if status == 'SUCCESS' or status == 'REVOKED' then
+      redis.call('SET', key, old, 'KEEPTTL')
+      if status == 'SUCCESS' then redis.call('HINCRBY', stats, 'duplicates', 1) end
       return false
     end
-    if status == 'REVOKED' then return false end
   end
-  redis.call('SET', key, meta, 'EX', ttl)
   redis.call('PUBLISH', key, meta)
   return true
 end

@@ -16,7 +16,12 @@ for i = 5, first - 1, 2 do
     redis.call('HINCRBYFLOAT', KEYS[5], ARGV[i], by)
   end
 end
-local n = 0
+-- In-flight holds the oldest claims on the right, in the order the batch lists
+-- them: when its last N entries are this batch, one LTRIM drops them all; otherwise
+-- each task is removed on its own, searched from the right.
+local n = (#ARGV - first + 1) / 3
+local tail = n > 0 and redis.call('LRANGE', KEYS[1], -n, -1) or {}
+local in_order = n > 0 and #tail == n
 for i = first, #ARGV, 3 do
   local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if key == '' then
@@ -24,8 +29,12 @@ for i = first, #ARGV, 3 do
   else
     store_result(key, meta, ARGV[1], KEYS[4])
   end
-  redis.call('LREM', KEYS[1], 1, raw)
-  n = n + 1
+  in_order = in_order and tail[n - (i - first) / 3] == raw
+end
+if in_order then
+  redis.call('LTRIM', KEYS[1], 0, -n - 1)
+else
+  for i = first, #ARGV, 3 do redis.call('LREM', KEYS[1], -1, ARGV[i]) end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBY', KEYS[2], 'tasks', n)
