@@ -1,8 +1,11 @@
 """The coordinator: expires dead executors, reclaims their tasks, buries poison messages,
-publishes state changes.
+publishes state changes, and hands tasks that plain Celery clients pushed into L1 to
+idle executors.
 
-It is never on a task's path. If it is down, tasks still flow; only dead
-executors are reclaimed late, and changes wait in the capped stream.
+It is never on a routed task's path. If it is down, tasks still flow; dead executors
+are reclaimed late, changes wait in the capped stream, and idle executors find L1
+tasks themselves every poll_ms. Each tick costs Redis O(models) calls, and a sweep
+O(lapsed executors), whatever the size of the fleet.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import redis
 
@@ -21,6 +25,11 @@ from broker.table import Table
 log = logging.getLogger("tandem.coordinator")
 
 
+#: How often the coordinator also reads the whole executor table, for executors that
+#: no deadline records (registered by an older tandem) and ids left without a hash.
+FULL_SWEEP_S = 60.0
+
+
 class Coordinator:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
@@ -29,6 +38,8 @@ class Coordinator:
         self.reclaimed = 0
         self.relayed = 0
         self.buried = 0
+        self.fed = 0
+        self._models: list[str] = []
         self._stop = threading.Event()
 
     def __repr__(self) -> str:
@@ -37,41 +48,63 @@ class Coordinator:
         )
 
     def run(self) -> None:
-        """Loop until stop(): relay changes, then sweep for dead executors."""
+        """Loop until stop(): every feed_ms hand L1 tasks on and relay changes; every
+        coordinator_interval_s sweep for dead executors, and once a minute all of them."""
         log.info("coordinator on %s", _safe(self.settings.redis_url))
-        delay = 0.1
+        s = self.settings
+        delay, next_sweep, next_full = 0.1, 0.0, 0.0
         while not self._stop.is_set():
             try:
-                self.relay(block_ms=int(self.settings.coordinator_interval_s * 1000))
-                self.sweep()
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self.sweep(full=now >= next_full)
+                    next_sweep = now + s.coordinator_interval_s
+                    next_full = next_full if now < next_full else now + FULL_SWEEP_S
+                self.feed()
+                self.relay()
                 delay = 0.1
             except redis.RedisError as e:  # a disconnect, or READONLY, OOM ...: retried
                 log.warning("Redis error %s: %s; retrying in %.1fs", type(e).__name__, e, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            self._stop.wait(s.feed_ms / 1000)  # the feed's period
 
     def stop(self) -> None:
         self._stop.set()
 
-    def sweep(self) -> list[tuple[str, int]]:
+    def feed(self) -> int:
+        """Hand each model's L1 tasks to its ready executors; one call per model."""
+        fed = sum(self.table.feed(model) for model in self._models)
+        self.fed += fed
+        return fed
+
+    def sweep(self, *, full: bool = False) -> list[tuple[str, int]]:
         """Reclaim every executor whose heartbeat lapsed, counting a delivery for each task
-        it held; then bury the poison messages. Returns (executor, tasks moved)."""
+        it held; then bury the poison messages. Returns (executor, tasks moved).
+        Reads only the lapsed executors; `full` also reads every executor and set."""
         now_ms = self.table.now_ms()
+        self._models = self.table.models()
+        lapsed = self.table.lapsed(now_ms)
+        if full:
+            lapsed += [(e.id, e.model) for e in self.table.executors() if e.expires_ms <= now_ms]
         done = []
-        for executor in self.table.executors():
-            if executor.expires_ms > now_ms:
+        for executor_id, model in dict(lapsed).items():
+            if not model:  # its hash is gone
+                self.redis.zrem(keys.DEADLINES, executor_id)
                 continue
-            moved = self.table.reclaim(executor.id, executor.model, count=True)
+            moved = self.table.reclaim(executor_id, model, count=True)
             if moved >= 0:
                 self.reclaimed += 1
-                done.append((executor.id, moved))
+                done.append((executor_id, moved))
                 log.warning(
                     "executor %s missed its heartbeat; %d tasks back to L1 of %s",
-                    executor.id,
+                    executor_id,
                     moved,
-                    executor.model,
+                    model,
                 )
-        self._reap_stray_ids()
+        if full:
+            self._reap_stray_ids()
         self.bury()
         return done
 

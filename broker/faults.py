@@ -4,7 +4,8 @@ Set TANDEM_TEST_FAULTS in a worker's environment to a comma-separated list of
 ``STEP:WHEN:NTH[:KIND]``:
 
 - STEP: an executor step in Table: a script (register, claim_or_idle, claim, begin,
-  state, complete, reclaim) or wait_l2 (the BLMOVE on L2) or capacity (the window's HGET).
+  state, complete, reclaim) or wait_l2 (the BLMOVE on L2) or window (the wait on the
+  full channel; "after" is any wait that ended).
 - WHEN: ``before`` the call reaches Redis, or ``after`` it ran there and did something
   (a non-empty reply, then lost): the step that strands work if it is mishandled.
 - NTH: the call that fails, counting from 1 (``after``: only calls that did something);

@@ -34,6 +34,9 @@ REVOKED = "tandem:revoked"
 POISON = "tandem:poison"
 #: LIST per message (by the SHA-1 of its bytes): the executors that died holding it.
 DELIVERIES_PREFIX = "tandem:deliveries:"
+#: ZSET of every executor id, scored by its heartbeat deadline (epoch ms): the
+#: coordinator reads only the lapsed ones.
+DEADLINES = "tandem:deadlines"
 #: STRING holding the last CHANGES id the coordinator relayed.
 RELAYED = "tandem:coordinator:relayed"
 #: Celery result key of a task; Celery's Redis backend publishes on the same name.

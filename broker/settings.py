@@ -29,8 +29,12 @@ class Settings:
     max_batch: int = 32
     #: Batch window, from the first task's arrival. 0 computes at once.
     max_wait_ms: float = 0.0
-    #: How often an IDLE executor looks at L1 for tasks that plain Celery clients published.
-    poll_ms: float = 100.0
+    #: How long an IDLE executor blocks on its L2 before it looks at L1 and the retry list
+    #: itself. The coordinator hands it L1 tasks sooner (feed_ms).
+    poll_ms: float = 1000.0
+    #: How often the coordinator hands tasks that plain Celery clients pushed into L1 (they
+    #: skip the route) to idle executors: one script call per model, whatever the fleet.
+    feed_ms: float = 20.0
     #: How often a worker refreshes its executors' heartbeats.
     heartbeat_s: float = 1.0
     #: How long after the last heartbeat an executor counts as dead.
@@ -62,6 +66,9 @@ class Settings:
     #: Dead-letter list: its length cap, and how long it lives after its last entry.
     dead_letter_max: int = 10000
     dead_letter_ttl_s: int = 7 * 86400
+    #: Executors of each model in one worker: more than 1 only to simulate a large fleet
+    #: on one machine (they share the model and its device).
+    executors_per_model: int = 1
     #: The sim model's cost: base_ms + per_item_ms * batch size.
     sim_base_ms: float = 20.0
     sim_per_item_ms: float = 0.5
@@ -83,6 +90,8 @@ class Settings:
             "max_batch": 1,
             "max_wait_ms": 0,
             "poll_ms": 1,
+            "feed_ms": 1,
+            "executors_per_model": 1,
             "heartbeat_s": 0.01,
             "coordinator_interval_s": 0.01,
             "metrics_port": 0,

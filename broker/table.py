@@ -17,6 +17,7 @@ from broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownMod
 from broker.faults import Faults
 from broker.scripts import Scripts
 from broker.settings import Settings
+from broker.signals import FullSignal
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -161,6 +162,13 @@ class Table:
             ],
         }
 
+    def feed(self, model: str) -> int:
+        """Hand tasks waiting in the model's L1 to its ready executors, as the route would
+        have; returns how many. For tasks that skipped the route (plain Celery clients)."""
+        script_keys = [keys.ready(model), *keys.l1_keys(model), keys.CHANGES]
+        args = [keys.EXECUTOR_PREFIX, keys.L2_PREFIX, keys.FULL_PREFIX, keys.metrics(model)]
+        return self.scripts.feed(keys=script_keys, args=args)
+
     # Executors
 
     def register(
@@ -182,6 +190,7 @@ class Table:
             keys.MODELS,
             keys.CHANGES,
             keys.STATS,
+            keys.DEADLINES,
         ]
         args = [
             executor_id,
@@ -202,7 +211,8 @@ class Table:
         if not executor_ids:
             return []
         missing = self.scripts.heartbeat(
-            keys=[keys.executor(i) for i in executor_ids], args=[ttl_ms, *executor_ids]
+            keys=[keys.DEADLINES, *(keys.executor(i) for i in executor_ids)],
+            args=[ttl_ms, *executor_ids],
         )
         return [executor_ids[i - 1] for i in missing]
 
@@ -241,8 +251,10 @@ class Table:
         reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
         return None if reply[0] == 2 else _claimed(reply)
 
-    def set_state(self, executor_id: str, state: State) -> None:
-        self._call("state", [keys.executor(executor_id), keys.CHANGES], [executor_id, state.value])
+    def set_state(self, executor_id: str, state: State) -> int:
+        """Record WAITING or STOPPING; returns the executor's capacity after it."""
+        script_keys = [keys.executor(executor_id), keys.CHANGES]
+        return self._call("state", script_keys, [executor_id, state.value])
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
         """Block up to timeout_s for the next L2 task, moving it into in-flight."""
@@ -251,10 +263,9 @@ class Table:
             "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
         )
 
-    def capacity(self, executor_id: str) -> int:
-        """How many more tasks route.lua may hand this executor now."""
-        key = keys.executor(executor_id)
-        return int(self._step("capacity", lambda: self.redis.hget(key, "cap")) or 0)
+    def wait_full(self, signal: FullSignal, timeout_s: float) -> bool:
+        """WAITING: block up to timeout_s for route.lua's word that the batch is full."""
+        return self._step("window", lambda: signal.wait(timeout_s) or True)
 
     def complete(
         self,
@@ -301,6 +312,7 @@ class Table:
             keys.retry(model),
             keys.POISON,
             *keys.l1_keys(model),
+            keys.DEADLINES,
         ]
         args = [
             executor_id,
@@ -386,6 +398,18 @@ class Table:
             if h:
                 rows.append(_info(executor_id, h, l2_depth, inflight_depth))
         return rows
+
+    def lapsed(self, now_ms: int, limit: int = 1000) -> list[tuple[str, str]]:
+        """(executor id, model) of executors whose heartbeat deadline is past, oldest first.
+        An id whose hash is gone has model ""."""
+        ids = self.redis.zrangebyscore(keys.DEADLINES, "-inf", now_ms, start=0, num=limit)
+        if not ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.executor(i.decode()), "model")
+            models = pipe.execute()
+        return [(i.decode(), (m or b"").decode()) for i, m in zip(ids, models, strict=True)]
 
     def now_ms(self) -> int:
         """Redis's clock, in ms: the one every heartbeat deadline is set by."""

@@ -71,9 +71,8 @@ class Processes:
             if process.poll() is not None:
                 raise AssertionError(f"worker {name} exited:\n{self.log(name)}")
             mine = [e for e in table.executors() if e.worker == settings.hostname]
-            return len(mine) == len(settings.models) and (
-                not idle or all(e.state == "IDLE" for e in mine)
-            )
+            expected = len(settings.models) * settings.executors_per_model
+            return len(mine) == expected and (not idle or all(e.state == "IDLE" for e in mine))
 
         wait_until(ready, 60, f"worker {name} to come up")
         return process

@@ -31,6 +31,47 @@ def test_sweep_reclaims_only_executors_whose_heartbeat_lapsed(settings, r):
     assert coordinator.sweep() == []
 
 
+def test_a_sweep_reads_only_lapsed_deadlines_and_drops_ids_without_a_hash(settings, r):
+    table = Table(r)
+    for n in range(50):
+        table.register(f"e{n}", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    r.zadd(keys.DEADLINES, {"ghost": 1})  # its hash is gone
+    coordinator = Coordinator(settings, r)
+    r.config_resetstat()
+    assert coordinator.sweep() == []
+    calls = r.info("commandstats")
+    assert "cmdstat_hgetall" not in calls  # no executor was read
+    assert r.zscore(keys.DEADLINES, "ghost") is None
+    assert r.zcard(keys.DEADLINES) == 50
+    assert coordinator.sweep(full=True) == []  # the full sweep reads them, and keeps them
+
+
+def test_feed_hands_l1_tasks_to_ready_executors_highest_priority_first(settings, r):
+    """Tasks that skipped the route (a plain Celery publisher's LPUSH) reach idle
+    executors through feed, each within its capacity, the rest stay in L1."""
+    table = Table(r)
+    table.register("a", MODEL, worker="w", max_batch=2, ttl_ms=60_000, max_wait_ms=5, pid=1)
+    assert table.feed(MODEL) == 0  # no executor ready: a ZCARD
+    sent = {}
+    for n, priority in enumerate([0, 9, 0, 3]):
+        task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
+        r.lpush(keys.l1_for_priority(MODEL, priority), envelope)
+        sent[priority, n] = task_id
+    assert table.feed(MODEL) == 0  # "a" is WORKING
+    assert table.claim_or_idle("a", MODEL, 2) is not None  # it claims the two first ...
+    assert table.claim_or_idle("a", MODEL, 2) is not None
+    assert table.claim_or_idle("a", MODEL, 2) is None  # ... then L1 is empty: IDLE
+    for n, priority in enumerate([3, 0, 9]):
+        task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
+        r.lpush(keys.l1_for_priority(MODEL, priority), envelope)
+        sent[priority, 10 + n] = task_id
+    assert table.feed(MODEL) == 2
+    in_l2 = [json.loads(m)["headers"]["id"] for m in reversed(r.lrange(keys.l2("a"), 0, -1))]
+    assert in_l2 == [sent[0, 11], sent[3, 10]]
+    assert table.l1_depth(MODEL) == 1
+    assert r.hget(keys.executor("a"), "cap") == b"0"
+
+
 def test_a_task_that_takes_down_max_deliveries_executors_is_buried(settings, r):
     table = Table(r, settings)
     coordinator = Coordinator(settings, r)

@@ -46,7 +46,12 @@ class Executors(bootsteps.StartStopStep):
         table = Table(client, settings)
         hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
         canvas = Canvas(worker.app, worker.hostname)
-        for ref, model in worker.app.tandem_models.items():
+        served = [
+            (ref, model)
+            for ref, model in worker.app.tandem_models.items()
+            for _ in range(settings.executors_per_model)
+        ]
+        for ref, model in served:
             executor = Executor(
                 ref,
                 model,
@@ -98,6 +103,8 @@ class Executors(bootsteps.StartStopStep):
         os._exit(EXIT_UNHEALTHY)
 
     def stop(self, worker: Any) -> None:
+        for executor in self.executors:  # all at once: none takes new work meanwhile
+            executor.request_stop()
         for executor in self.executors:
             executor.stop()
         if self.heartbeat:

@@ -38,6 +38,7 @@ from broker.errors import (
     UnknownModel,
 )
 from broker.settings import Settings
+from broker.signals import FullSignal
 from broker.table import State, Table
 from workers.canvas import Canvas
 from workers.hooks import Hook, Logs
@@ -95,6 +96,7 @@ class Executor:
         self._ticked = time.monotonic()  # the loop's last sign of progress
         #: The compute in hand: its tasks, its start (epoch s) and its start (monotonic s).
         self._computing: tuple[list[message.Task], float, float] | None = None
+        self._full: FullSignal | None = None  # the batch window's signal, if it has one
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._new_returner()
@@ -146,22 +148,32 @@ class Executor:
     # Life cycle
 
     def start(self) -> None:
+        if self.max_wait_ms > 0 and self.max_batch > 1:
+            self._full = FullSignal(self.table.redis, self.id)
         self._register()
         self._returner.start()
         self._thread.start()
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Take no new L2 tasks (STOPPING), finish the batch in hand, return its results,
-        hand L2 back to L1, deregister."""
+    def request_stop(self) -> None:
+        """Take no new L2 tasks (STOPPING); the loop ends after the batch in hand."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         try:
             self.table.set_state(self.id, State.STOPPING)
         except (redis.RedisError, ExecutorGone) as e:
             log.warning("executor %s could not mark itself STOPPING: %s", self.id, e)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """request_stop(), then finish the batch in hand, return its results, hand L2 back
+        to L1, deregister. An IDLE one notices within poll_ms."""
+        self.request_stop()
         self._thread.join(timeout_s)
         if self._returner.is_alive():
             self._slot.put(None)
             self._returner.join(timeout_s)
+        if self._full is not None:
+            self._full.close()
         try:
             moved = self.table.reclaim(self.id, self.model_ref, force=True)
         except redis.RedisError as e:
@@ -328,7 +340,9 @@ class Executor:
         return batch
 
     def _wait_for_batch(self) -> list[bytes]:
-        """IDLE: block on L2; the first task opens the batch window (WAITING)."""
+        """IDLE: block on L2; the first task opens the batch window (WAITING), which lets
+        L2 fill until it closes or route.lua says the batch is full. Tasks stay in L2
+        meanwhile, which is as durable as in-flight; begin() takes them."""
         first = self.table.wait_l2(self.id, self.settings.poll_ms / 1000)
         if first is None:
             # Nothing routed; plain Celery publishers may have left work in L1.
@@ -339,26 +353,12 @@ class Executor:
             self._moved(State.WORKING)
             return taken
         if self.max_batch > 1:
-            self.table.set_state(self.id, State.WAITING)
+            self._full.clear()
+            room = self.table.set_state(self.id, State.WAITING)
             self._moved(State.WAITING)
-            self._hold_window(time.monotonic() + self.max_wait_ms / 1000)
+            if room > 0:
+                self.table.wait_full(self._full, self.max_wait_ms / 1000)
         return self._begin(taken)
-
-    def _hold_window(self, deadline: float) -> None:
-        """WAITING: let L2 fill until the window closes or the batch is full (no capacity).
-
-        Tasks stay in L2 meanwhile, which is as durable as in-flight; begin() takes them.
-        Redis checks blocking timeouts only about every 100 ms, too coarse for a window
-        of a few ms, so the window is kept here, looking at the capacity every ms.
-        """
-        while not self._stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            time.sleep(min(remaining, 0.001))  # the batch window itself
-            self._tick()
-            if self.table.capacity(self.id) <= 0:
-                return
 
     def _begin(self, taken: list[bytes]) -> list[bytes]:
         more = self.table.begin(

@@ -8,6 +8,7 @@ import redis
 
 NAMES = (
     "route",
+    "feed",
     "begin",
     "claim",
     "claim_or_idle",

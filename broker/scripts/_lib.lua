@@ -95,3 +95,48 @@ local function claimed(out, redelivered)
   table.insert(out, 1, redelivered and 1 or 0)
   return out
 end
+
+-- A model's ready set, as route.lua and feed.lua hand it tasks. The executor hashes
+-- are hash_prefix .. id, the L2 lists l2_prefix .. id, the full channels
+-- full_prefix .. id; changes is the changes stream; now is in ms.
+local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
+  local self, empty = {}, false
+  -- The first live entry (id, state, window ms), or nil. Lapsed entries are dropped
+  -- on the way; once the set is empty it stays so for the rest of the script.
+  function self.top()
+    while not empty do
+      local top = redis.call('ZRANGE', set, 0, 0)
+      if #top == 0 then empty = true; return nil end
+      local h = redis.call('HMGET', hash_prefix .. top[1], 'state', 'cap', 'expires_ms',
+        'max_wait_ms')
+      local cap, expires = tonumber(h[2]), tonumber(h[3])
+      if cap and cap > 0 and expires and expires > now
+          and (h[1] == 'IDLE' or h[1] == 'WAITING') then
+        return top[1], h[1], tonumber(h[4]) or 0
+      end
+      redis.call('ZREM', set, top[1])
+    end
+    return nil
+  end
+  -- Push message m onto executor id's L2 and take one from its capacity. With no
+  -- batch window it computes at once, so it goes WORKING here. A WAITING one whose
+  -- capacity runs out is told on its full channel.
+  function self.hand(id, state, window, m)
+    local hash = hash_prefix .. id
+    redis.call('LPUSH', l2_prefix .. id, m)
+    if window == 0 then
+      redis.call('HSET', hash, 'state', 'WORKING', 'cap', 0)
+      redis.call('ZREM', set, id)
+      change(changes, hash, id, 'WORKING')
+      return
+    end
+    local cap = redis.call('HINCRBY', hash, 'cap', -1)
+    if cap <= 0 then
+      redis.call('ZREM', set, id)
+      redis.call('PUBLISH', full_prefix .. id, 'full')
+    elseif state == 'WAITING' then
+      redis.call('ZADD', set, cap, id)
+    end
+  end
+  return self
+end

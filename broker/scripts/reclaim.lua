@@ -7,7 +7,7 @@
 -- max_deliveries goes to the poison list, for the coordinator to bury; one with
 -- fewer but some goes to the retry list, to be computed alone; others to L1.
 -- KEYS: executor hash, executors set, L2, in-flight, changes, stats, retry,
---       poison, L1 keys of priority 0,3,6,9
+--       poison, L1 keys of priority 0,3,6,9, deadlines set
 -- ARGV: executor id, force ('1' or '0'), count deliveries ('1' or '0'),
 --       max deliveries, deliveries key prefix, deliveries ttl s
 -- Returns the number of tasks moved, or -1 if the executor is alive.
@@ -55,4 +55,5 @@ change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[13], ARGV[1])
 return n + redelivered

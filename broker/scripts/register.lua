@@ -1,6 +1,6 @@
 -- Register an executor. It starts WORKING with no capacity, and its first
 -- step claims any L1 backlog or goes IDLE.
--- KEYS: executor hash, executors set, models set, changes, stats
+-- KEYS: executor hash, executors set, models set, changes, stats, deadlines set
 -- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid, max_queue,
 --       max_queue hash, ready set
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
@@ -8,6 +8,7 @@ redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
   'pid', ARGV[7], 'expires_ms', now_ms() + tonumber(ARGV[5]),
   'started_ms', now_ms(), 'batches', 0, 'tasks', 0, 'ready', ARGV[10])
 not_ready(KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[6], now_ms() + tonumber(ARGV[5]), ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[2])
 if tonumber(ARGV[8]) > 0 then

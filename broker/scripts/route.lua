@@ -17,49 +17,14 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
 end
 local now = now_ms()
 
--- The first live entry of the ready set, with its hash's state and capacity. Once
--- the set is empty it stays empty for the rest of this call.
-local empty = false
-local function candidate()
-  while not empty do
-    local top = redis.call('ZRANGE', KEYS[1], 0, 0)
-    if #top == 0 then empty = true end
-    if empty then return nil end
-    local h = redis.call('HMGET', ARGV[2] .. top[1], 'state', 'cap', 'expires_ms', 'max_wait_ms')
-    local cap, expires = tonumber(h[2]), tonumber(h[3])
-    if cap and cap > 0 and expires and expires > now
-        and (h[1] == 'IDLE' or h[1] == 'WAITING') then
-      return top[1], h[1], tonumber(h[4]) or 0
-    end
-    redis.call('ZREM', KEYS[1], top[1])
-  end
-end
-
-local function to_l2(id, state, window, m)
-  local hash = ARGV[2] .. id
-  redis.call('LPUSH', ARGV[3] .. id, m)
-  if window == 0 then
-    redis.call('HSET', hash, 'state', 'WORKING', 'cap', 0)
-    redis.call('ZREM', KEYS[1], id)
-    change(KEYS[#KEYS], hash, id, 'WORKING')
-    return
-  end
-  local cap = redis.call('HINCRBY', hash, 'cap', -1)
-  if cap <= 0 then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('PUBLISH', ARGV[6] .. id, 'full')
-  elseif state == 'WAITING' then
-    redis.call('ZADD', KEYS[1], cap, id)
-  end
-end
-
 local max_queue = tonumber(redis.call('HGET', ARGV[4], ARGV[1]) or 0)
 local depth = nil
 local out, to_l1, routed = {}, 0, 0
+local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[#KEYS], now)
 for i = 7, #ARGV do
-  local id, state, window = candidate()
+  local id, state, window = ready.top()
   if id then
-    to_l2(id, state, window, ARGV[i])
+    ready.hand(id, state, window, ARGV[i])
     routed = routed + 1
     out[#out + 1] = id
   else

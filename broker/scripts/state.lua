@@ -2,9 +2,10 @@
 -- STOPPING also zeroes the capacity, so nothing more is routed here.
 -- KEYS: executor hash, changes
 -- ARGV: executor id, state
+-- Returns the executor's capacity after the change.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
 -- STOPPING is final: only a new registration leaves it.
-if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 1 end
+if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
 if ARGV[2] == 'STOPPING' then
   redis.call('HSET', KEYS[1], 'cap', 0)
@@ -14,4 +15,4 @@ elseif ARGV[2] == 'WAITING' then
   if cap > 0 then ready_at(KEYS[1], ARGV[1], cap) else not_ready(KEYS[1], ARGV[1]) end
 end
 change(KEYS[2], KEYS[1], ARGV[1], ARGV[2])
-return 1
+return tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0

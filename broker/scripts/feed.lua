@@ -1,0 +1,22 @@
+-- Hand tasks waiting in a model's L1 to its ready executors, as route.lua would
+-- have, oldest and highest priority first: the coordinator runs this for every
+-- model a few times a second, so tasks that plain Celery publishers pushed into L1
+-- (they skip route.lua) reach an idle executor without any executor polling.
+-- Costs a ZCARD when no executor is ready.
+-- KEYS: ready set, L1 keys of every priority, changes
+-- ARGV: executor key prefix, L2 key prefix, full channel prefix, metrics hash
+-- Returns the number of tasks handed on.
+if redis.call('ZCARD', KEYS[1]) == 0 then return 0 end
+local ready = Ready(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[#KEYS], now_ms())
+local moved = 0
+for i = 2, #KEYS - 1 do
+  while true do
+    if redis.call('LLEN', KEYS[i]) == 0 then break end
+    local id, state, window = ready.top()
+    if not id then break end
+    ready.hand(id, state, window, redis.call('RPOP', KEYS[i]))
+    moved = moved + 1
+  end
+end
+if moved > 0 then redis.call('HINCRBY', ARGV[4], 'route:L2', moved) end
+return moved
