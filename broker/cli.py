@@ -276,10 +276,11 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed"]),
+    type=click.Choice(["sim", "embed", "fleet", "overhead"]),
     default="sim",
     show_default=True,
-    help="sim: the simulated GPU; embed: the real MiniLM model.",
+    help="sim: the simulated GPU; embed: the real MiniLM model; fleet: Redis cost as the "
+    "fleet grows; overhead: a zero-cost model, tasks/s and Redis CPU per task.",
 )
 @click.option(
     "--systems",
@@ -299,6 +300,10 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
     require("bench", "tandem bench")
     if profile == "embed":
         require("embed", "tandem bench --profile embed")
+    if profile in ("fleet", "overhead"):
+        _logging("WARNING")
+        _fleet_bench(profile, quick, systems, workers, json_path, plot_path)
+        return
     from producers.bench import PROFILES, SYSTEMS, run_bench
 
     chosen = PROFILES[profile]
@@ -328,6 +333,38 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
         json_path=json_path,
         plot_path=plot_path,
     )
+
+
+def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from producers import fleet
+
+    console = Console(width=110)
+    with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as folder:
+        if profile == "fleet":
+            report = fleet.run_fleet(load_settings(), Path(folder), quick=quick)
+            fleet.print_fleet(report, console)
+            draw = fleet.plot_fleet
+        else:
+            names = [name.strip() for name in systems.split(",")]
+            unknown = [name for name in names if name not in fleet.SYSTEMS]
+            if unknown:
+                raise click.BadParameter(
+                    f"unknown system {unknown[0]!r}; known: {', '.join(fleet.SYSTEMS)}",
+                    param_hint="--systems",
+                )
+            report = fleet.run_overhead(names, Path(folder), quick=quick, workers=workers)
+            fleet.print_overhead(report, console)
+            draw = fleet.plot_overhead
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    if plot_path:
+        draw(report, plot_path)
 
 
 @main.command()

@@ -1,126 +1,324 @@
-"""Route cost as the fleet grows: `python -m producers.fleet [--sizes 2,32,256,1024]`;
-and `--path`: Redis CPU per task and scripts per batch on the whole zero-cost path.
+"""`tandem bench --profile fleet` and `--profile overhead`: what tandem costs Redis as the
+fleet grows, on one machine.
 
-For each fleet size it starts a Redis of its own, registers that many executors of one
-model, all WORKING (the high-load case, where every task goes to L1), routes tasks in
-pipelined batches and reports Redis's own CPU time per route (INFO commandstats) and the
-pipelined submits per second. Then one executor goes IDLE among them, and the same again
-(every task to that one's L2, until its capacity is used, then L1). No workers run.
+fleet: route cost per submit at 2 to 1,024 registered executors (no workers; all
+WORKING, then one IDLE among them); Redis CPU per task on the whole zero-cost path
+(one worker, a burst); Redis load with hundreds of idle sim executors (several per
+worker); and the fairness of routing at low load (tasks per executor).
+overhead: a zero-cost model behind tandem, plain Celery and celery-batches, each with
+the same workers and the same burst: tasks/s and Redis CPU per task.
+
+Redis CPU is the server process's own (INFO cpu: user + sys), so it counts parsing and
+network work too; `script_us_per_task` is the time inside tandem's scripts (INFO
+commandstats, EVALSHA).
 """
 
 from __future__ import annotations
 
-import argparse
-import tempfile
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from broker import keys, message
 from broker.server import RedisServer
-from broker.settings import load_settings
-from broker.stack import Stack
+from broker.settings import Settings, load_settings
+from broker.stack import Child, Stack, spawn, stop_process, wait_for_executors
 from broker.table import Table
-from producers.client import Client
+from producers.bench import SYSTEMS, Running
 
 MODEL = "sim:1"
+SIZES = (2, 32, 256, 1024)
 
 
-def route_cost(
-    client: redis.Redis, table: Table, tasks: int, chunk: int = 500
-) -> tuple[float, float]:
-    """(Redis CPU µs per route, pipelined routes per second)."""
-    envelopes = [message.encode(MODEL, [n], queue=keys.l1(MODEL))[1] for n in range(chunk)]
-    client.config_resetstat()
-    started = time.perf_counter()
-    for _ in range(tasks // chunk):
-        with client.pipeline(transaction=False) as pipe:
-            for envelope in envelopes:
-                table.route_in(pipe, MODEL, [envelope], l1_key=keys.l1(MODEL))
-            pipe.execute()
-    elapsed = time.perf_counter() - started
-    stats = client.info("commandstats")
-    calls = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-    usec = sum(v["usec"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-    return usec / calls, calls / elapsed
+class RedisMeter:
+    """Redis's own CPU seconds and command counts between start() and read()."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def _cpu(self) -> float:
+        info = self.client.info("cpu")
+        return info["used_cpu_user"] + info["used_cpu_sys"]
+
+    def start(self) -> RedisMeter:
+        self.client.config_resetstat()
+        self.cpu0, self.t0 = self._cpu(), time.monotonic()
+        return self
+
+    def read(self) -> dict[str, float]:
+        cpu, elapsed = self._cpu() - self.cpu0, time.monotonic() - self.t0
+        stats = self.client.info("commandstats")
+        scripts = stats.get("cmdstat_evalsha", {})
+        calls = self.client.info("stats")["total_commands_processed"]
+        return {
+            "cpu_s": cpu,
+            "elapsed_s": elapsed,
+            "commands": calls,
+            "script_calls": scripts.get("calls", 0),
+            "script_us": scripts.get("usec", 0),
+        }
 
 
-def measure(size: int, tasks: int, folder: Path) -> dict:
+def route_cost(size: int, tasks: int, folder: Path) -> dict[str, Any]:
+    """µs of script time per single-task route, all WORKING and with one IDLE."""
     server = RedisServer(folder / f"redis-{size}").start()
     try:
         client = redis.Redis.from_url(server.url)
         table = Table(client)
         for n in range(size):
             table.register(
-                f"e{n}",
-                MODEL,
-                worker="fleet",
-                max_batch=32,
-                ttl_ms=600_000,
-                max_wait_ms=5.0,
-                pid=0,
+                f"e{n}", MODEL, worker="fleet", max_batch=32, ttl_ms=600_000, max_wait_ms=5.0, pid=0
             )
-        busy_us, busy_rate = route_cost(client, table, tasks)
-        client.delete(*keys.l1_keys(MODEL))
-        assert table.claim_or_idle("e0", MODEL, 32) is None
-        idle_us, idle_rate = route_cost(client, table, tasks)
+        row: dict[str, Any] = {"executors": size}
+        envelopes = [message.encode(MODEL, [n], queue=keys.l1(MODEL))[1] for n in range(500)]
+        for case in ("all_busy", "one_idle"):
+            if case == "one_idle":
+                client.delete(*keys.l1_keys(MODEL))
+                assert table.claim_or_idle("e0", MODEL, 32) is None
+            meter = RedisMeter(client).start()
+            for _ in range(tasks // len(envelopes)):
+                with client.pipeline(transaction=False) as pipe:
+                    for envelope in envelopes:
+                        table.route_in(pipe, MODEL, [envelope], l1_key=keys.l1(MODEL))
+                    pipe.execute()
+            m = meter.read()
+            row[f"{case}_us_per_route"] = round(m["script_us"] / m["script_calls"], 1)
+            row[f"{case}_routes_per_s"] = round(m["script_calls"] / m["elapsed_s"])
         client.close()
+        return row
     finally:
         server.stop()
-    return {
-        "executors": size,
-        "all_busy_us_per_route": round(busy_us, 1),
-        "all_busy_routes_per_s": round(busy_rate),
-        "one_idle_us_per_route": round(idle_us, 1),
-        "one_idle_routes_per_s": round(idle_rate),
-    }
 
 
-def path_cost(tasks: int, folder: Path) -> dict:
-    """One worker serving sim at zero cost; a burst of `tasks` through the whole path (route,
-    claim, store, metrics, events). Redis CPU per task, and scripts run per batch."""
+def path_cost(tasks: int, folder: Path) -> dict[str, Any]:
+    """One worker serving sim at zero cost; a burst of `tasks` through the whole path."""
     settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
-    with Stack(settings, workers=1, data_dir=folder) as stack, Client(settings=stack.settings) as c:
-        client = redis.Redis.from_url(stack.url)
-        c.submit(MODEL, [0]).get(timeout=10)
-        time.sleep(2 * settings.heartbeat_s)  # a heartbeat has seen no revocations
-        (before,) = c.table.executors(MODEL)
-        client.config_resetstat()
-        c.submit_many(MODEL, [[n] for n in range(tasks)])
-        deadline = time.monotonic() + 120
-        while c.table.executors(MODEL)[0].tasks < before.tasks + tasks:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the burst did not finish in 120 s")
-            time.sleep(0.01)  # polling a counter, bounded by the deadline
-        (after,) = c.table.executors(MODEL)
-        stats = client.info("commandstats")
-        client.close()
+    with Stack(settings, workers=1, data_dir=folder) as stack:
+        from producers.client import Client
+
+        with Client(settings=stack.settings) as client:
+            client.submit(MODEL, [0]).get(timeout=30)
+            time.sleep(2 * settings.heartbeat_s)  # a heartbeat has seen no revocations
+            (before,) = client.table.executors(MODEL)
+            meter = RedisMeter(client.redis).start()
+            client.submit_many(MODEL, [[n] for n in range(tasks)])
+            _wait(lambda: client.table.executors(MODEL)[0].tasks >= before.tasks + tasks, 120)
+            m = meter.read()
+            (after,) = client.table.executors(MODEL)
     batches = after.batches - before.batches
-    scripts = sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-    script_checks = stats.get("cmdstat_script", {}).get("calls", 0)  # SCRIPT EXISTS/LOAD
     return {
         "tasks": tasks,
         "batches": batches,
-        "redis_cpu_us_per_task": round(sum(v["usec"] for v in stats.values()) / tasks, 1),
-        "executor_scripts_per_batch": round((scripts - tasks) / batches, 2),  # less the routes
-        "script_checks_per_batch": round(script_checks / batches, 2),
+        "redis_cpu_us_per_task": round(m["cpu_s"] * 1e6 / tasks, 1),
+        "script_us_per_task": round(m["script_us"] / tasks, 1),
+        "executor_scripts_per_batch": round((m["script_calls"] - tasks / 256) / batches, 2),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="2,32,256,1024")
-    parser.add_argument("--tasks", type=int, default=10_000)
-    parser.add_argument("--path", action="store_true", help="The whole path's cost instead.")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        if args.path:
-            print(path_cost(6400, Path(folder)), flush=True)
-            return
-        for size in [int(s) for s in args.sizes.split(",")]:
-            print(measure(size, args.tasks, Path(folder)), flush=True)
+def idle_load(executors: int, per_worker: int, seconds: float, folder: Path) -> dict[str, Any]:
+    """Redis calls and CPU per second while `executors` sim executors sit IDLE."""
+    server = RedisServer(folder / "redis-idle").start()
+    workers: list[Child] = []
+    try:
+        settings = load_settings(redis_url=server.url, models=(MODEL,))
+        count = -(-executors // per_worker)
+        for n in range(count):
+            mine = min(per_worker, executors - n * per_worker)
+            worker = settings.replace(hostname=f"idle{n}@fleet", executors_per_model=mine)
+            workers.append(spawn(["worker"], worker, folder / "logs" / f"idle{n}.log"))
+        workers.append(spawn(["coordinator"], settings, folder / "logs" / "coordinator.log"))
+        client = redis.Redis.from_url(server.url)
+        wait_for_executors(client, executors, 300, workers)
+        meter = RedisMeter(client).start()
+        time.sleep(seconds)  # the measurement window itself
+        m = meter.read()
+        client.close()
+    finally:
+        for worker in workers:
+            stop_process(worker, 60)
+        server.stop()
+    return {
+        "idle_executors": executors,
+        "workers": count,
+        "redis_calls_per_s": round(m["commands"] / m["elapsed_s"]),
+        "redis_cpu_percent": round(100 * m["cpu_s"] / m["elapsed_s"], 2),
+    }
 
 
-if __name__ == "__main__":
-    main()
+def fairness(executors: int, rate: float, seconds: float, folder: Path) -> dict[str, Any]:
+    """Tasks per executor after `seconds` of `rate` req/s on `executors` idle ones."""
+    settings = load_settings(models=(MODEL,), executors_per_model=executors)
+    with Stack(settings, workers=1, data_dir=folder / "fair") as stack:
+        from producers.client import Client
+
+        with Client(settings=stack.settings) as client:
+            wait_for_executors(client.redis, executors, 120)
+            sent = []
+            for _ in range(int(rate * seconds)):
+                sent.append(client.submit(MODEL, [0]))
+                time.sleep(1 / rate)  # pacing the low load
+            for result in sent:
+                result.get(timeout=30)
+            per = [e.tasks for e in client.table.executors(MODEL)]
+    return {
+        "executors": executors,
+        "tasks": sum(per),
+        "min_per_executor": min(per),
+        "max_per_executor": max(per),
+        "stdev": round(statistics.pstdev(per), 2),
+        "per_executor": sorted(per),
+    }
+
+
+def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, Any]:
+    """A zero-cost model: a burst of `tasks` through `system`; tasks/s and Redis CPU."""
+    settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
+    running = Running(SYSTEMS[system], settings, workers, folder / system.replace("/", "-"))
+    try:
+        running.submit([[0]])
+        _wait(lambda: running.counters()[0] >= 1, 60)
+        done0, batches0 = running.counters()
+        meter = RedisMeter(running.redis).start()
+        for start in range(0, tasks, 256):
+            running.submit([[n] for n in range(start, min(start + 256, tasks))])
+        _wait(lambda: running.counters()[0] >= done0 + tasks, 300)
+        m = meter.read()
+        done, batches = running.counters()
+    finally:
+        running.close()
+    return {
+        "system": system,
+        "tasks": tasks,
+        "tasks_per_s": round(tasks / m["elapsed_s"]),
+        "redis_cpu_us_per_task": round(m["cpu_s"] * 1e6 / tasks, 1),
+        "redis_calls_per_task": round(m["commands"] / tasks, 2),
+        "mean_batch": round((done - done0) / max(batches - batches0, 1), 1),
+    }
+
+
+def _wait(condition, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done in {timeout_s} s")
+        time.sleep(0.02)  # polling counters, bounded by the deadline
+
+
+def run_fleet(settings: Settings, folder: Path, *, quick: bool) -> dict[str, Any]:
+    sizes = SIZES[:2] if quick else SIZES
+    idle = 100 if quick else 500
+    return {
+        "route": [route_cost(size, 5_000 if quick else 10_000, folder) for size in sizes],
+        "path": path_cost(3_200 if quick else 6_400, folder / "path"),
+        "idle": idle_load(idle, 100, 5 if quick else 10, folder),
+        "fairness": fairness(8 if quick else 16, 20, 5 if quick else 10, folder),
+    }
+
+
+def run_overhead(
+    systems: list[str], folder: Path, *, quick: bool, workers: int
+) -> list[dict[str, Any]]:
+    tasks = 2_000 if quick else 6_400
+    return [overhead(system, tasks, workers, folder) for system in systems]
+
+
+#: Route cost before O(1) routing: µs of script time per route with every executor
+#: WORKING, measured by route_cost on commit 1aea2b2 (the route scanned every executor).
+BEFORE_ROUTE_US = {2: 19.7, 32: 75.2, 256: 590.0, 1024: 2691.0}
+
+
+def plot_fleet(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (route, fair) = plt.subplots(1, 2, figsize=(12, 4.8))
+    sizes = [row["executors"] for row in report["route"]]
+    before = [BEFORE_ROUTE_US[n] for n in sizes if n in BEFORE_ROUTE_US]
+    route.plot(sizes[: len(before)], before, marker="o", label="before (scan every executor)")
+    route.plot(
+        sizes,
+        [r["all_busy_us_per_route"] for r in report["route"]],
+        marker="o",
+        label="ready set, all busy",
+    )
+    route.plot(
+        sizes,
+        [r["one_idle_us_per_route"] for r in report["route"]],
+        marker="o",
+        label="ready set, one idle",
+    )
+    route.set(
+        xscale="log",
+        yscale="log",
+        xlabel="registered executors of the model",
+        ylabel="Redis script time per route (µs)",
+        title="route cost as the fleet grows",
+    )
+    per = report["fairness"]["per_executor"]
+    fair.bar(range(len(per)), per)
+    fair.set(
+        xlabel="executor (sorted)",
+        ylabel="tasks",
+        title=f"fairness: {report['fairness']['tasks']} tasks at low load",
+    )
+    for axis in (route, fair):
+        axis.grid(True, alpha=0.3)
+    route.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_overhead(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.4))
+    names = [row["system"] for row in rows]
+    rate.bar(names, [row["tasks_per_s"] for row in rows])
+    rate.set(ylabel="tasks/s", title="a zero-cost model: throughput of a burst")
+    cpu.bar(names, [row["redis_cpu_us_per_task"] for row in rows], color="tab:orange")
+    cpu.set(ylabel="µs", title="Redis CPU per task")
+    for axis in (rate, cpu):
+        axis.grid(True, axis="y", alpha=0.3)
+        axis.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_fleet(report: dict[str, Any], console) -> None:
+    from rich.table import Table as Grid
+
+    grid = Grid(title="route cost per submit (Redis script time)")
+    for column in ("executors", "before µs", "all busy µs", "routes/s", "one idle µs"):
+        grid.add_column(column, justify="right")
+    for row in report["route"]:
+        grid.add_row(
+            str(row["executors"]),
+            str(BEFORE_ROUTE_US.get(row["executors"], "-")),
+            str(row["all_busy_us_per_route"]),
+            str(row["all_busy_routes_per_s"]),
+            str(row["one_idle_us_per_route"]),
+        )
+    console.print(grid)
+    for name in ("path", "idle", "fairness"):
+        console.print(f"{name}: {report[name]}")
+
+
+def print_overhead(rows: list[dict[str, Any]], console) -> None:
+    from rich.table import Table as Grid
+
+    grid = Grid(title="overhead: a zero-cost model, one burst")
+    for column in rows[0]:
+        grid.add_column(column.replace("_", " "), justify="right")
+    for row in rows:
+        grid.add_row(*(str(v) for v in row.values()))
+    console.print(grid)

@@ -23,6 +23,7 @@ EXTRA_FILES = {
     "producers/bench.py": "bench",
     "producers/baselines.py": "bench",
     "producers/dashboard.py": "bench",
+    "producers/fleet.py": "bench",
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
 }
