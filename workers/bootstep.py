@@ -25,6 +25,8 @@ log = logging.getLogger("tandem.worker")
 #: Exit code of a worker that gave up on a hung compute or on an executor that keeps
 #: crashing (EX_SOFTWARE), so that compose, systemd or Kubernetes restart it.
 EXIT_UNHEALTHY = 70
+#: Redis connections one executor may hold at once.
+CONNECTIONS_PER_EXECUTOR = 3
 
 
 class Executors(bootsteps.StartStopStep):
@@ -42,15 +44,21 @@ class Executors(bootsteps.StartStopStep):
         self.app = worker.app
         worker.app.tandem_controller = worker  # run_worker exits with its exit code
         worker.app.tandem_executors = self  # for remote control (workers/control.py)
-        client = redis.Redis.from_url(settings.redis_url, health_check_interval=10)
-        table = Table(client, settings)
-        hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
-        canvas = Canvas(worker.app, worker.hostname)
         served = [
             (ref, model)
             for ref, model in worker.app.tandem_models.items()
             for _ in range(settings.executors_per_model)
         ]
+        # Each executor may hold three connections at once (its blocking wait, its
+        # returner's store, its window's subscription); redis-py's default pool has 100.
+        client = redis.Redis.from_url(
+            settings.redis_url,
+            health_check_interval=10,
+            max_connections=CONNECTIONS_PER_EXECUTOR * len(served) + 16,
+        )
+        table = Table(client, settings)
+        hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
+        canvas = Canvas(worker.app, worker.hostname)
         for ref, model in served:
             executor = Executor(
                 ref,
