@@ -178,25 +178,36 @@ def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, A
     settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
     running = Running(SYSTEMS[system], settings, workers, folder / system.replace("/", "-"))
     try:
-        running.submit([[0]])
-        _wait(lambda: running.counters()[0] >= 1, 60)
+        first = running.submit([[0]])
+        _wait(lambda: _stored(running.redis, first), 60)
         done0, batches0 = running.counters()
         meter = RedisMeter(running.redis).start()
+        ids: list[str] = []
         for start in range(0, tasks, 256):
-            running.submit([[n] for n in range(start, min(start + 256, tasks))])
-        _wait(lambda: running.counters()[0] >= done0 + tasks, 300)
+            ids += running.submit([[n] for n in range(start, min(start + 256, tasks))])
+        _wait(lambda: _stored(running.redis, ids), 300)
         m = meter.read()
         done, batches = running.counters()
     finally:
         running.close()
+    mean_batch = (done - done0) / (batches - batches0) if batches > batches0 else 1.0
     return {
         "system": system,
         "tasks": tasks,
         "tasks_per_s": round(tasks / m["elapsed_s"]),
         "redis_cpu_us_per_task": round(m["cpu_s"] * 1e6 / tasks, 1),
         "redis_calls_per_task": round(m["commands"] / tasks, 2),
-        "mean_batch": round((done - done0) / max(batches - batches0, 1), 1),
+        "mean_batch": round(mean_batch, 1),
     }
+
+
+def _stored(client: redis.Redis, task_ids: list[str]) -> bool:
+    """True once every task has a stored result."""
+    for start in range(0, len(task_ids), 1000):
+        chunk = [keys.result(i) for i in task_ids[start : start + 1000]]
+        if client.exists(*chunk) < len(chunk):
+            return False
+    return True
 
 
 def _wait(condition, timeout_s: float) -> None:
