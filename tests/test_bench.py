@@ -61,3 +61,49 @@ def test_a_tiny_sweep_writes_consistent_json_and_a_png(tmp_path):
     assert limit["achieved_rps"] == pytest.approx(2 * 32 / 36 * 1000, rel=1e-3)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "floor = compute of 1 item" in done.stdout
+
+
+def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):
+    """Each part on a tiny scale: route cost, the whole path, idle load, fairness."""
+    pytest.importorskip("matplotlib")
+    from producers import fleet
+
+    (row,) = [fleet.route_cost(4, 1000, tmp_path)]
+    assert row["executors"] == 4
+    assert row["all_busy_us_per_route"] > 0 and row["one_idle_us_per_route"] > 0
+    path = fleet.path_cost(300, tmp_path / "path")
+    assert path["tasks"] == 300 and path["batches"] >= 1
+    assert path["redis_cpu_us_per_task"] > 0 and path["script_us_per_task"] > 0
+    idle = fleet.idle_load(6, 3, 1.0, tmp_path)
+    assert (idle["idle_executors"], idle["workers"]) == (6, 2)
+    assert idle["redis_calls_per_s"] > 0
+    fair = fleet.fairness(3, 20, 0.5, tmp_path)
+    assert fair["tasks"] == 10 and len(fair["per_executor"]) == 3
+    report = {"route": [row], "path": path, "idle": idle, "fairness": fair}
+    fleet.plot_fleet(report, str(tmp_path / "fleet.png"))
+    assert (tmp_path / "fleet.png").stat().st_size > 0
+
+
+def test_the_overhead_profile_counts_every_result(tmp_path):
+    pytest.importorskip("celery_batches")
+    from producers import fleet
+
+    rows = fleet.run_overhead(["tandem", "celery-plain"], tmp_path, quick=True, workers=1)
+    assert [r["system"] for r in rows] == ["tandem", "celery-plain"]
+    for row in rows:
+        assert row["tasks"] == 2000 and row["tasks_per_s"] > 0
+        assert row["redis_cpu_us_per_task"] > 0 and row["mean_batch"] >= 1
+    fleet.plot_overhead(rows, str(tmp_path / "overhead.png"))
+    assert (tmp_path / "overhead.png").stat().st_size > 0
+
+
+def test_the_overhead_profile_names_an_unknown_system(tmp_path):
+    done = subprocess.run(
+        ["tandem", "bench", "--profile", "overhead", "--systems", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "unknown system 'nope'" in done.stderr
