@@ -54,6 +54,12 @@ def main() -> None:
 )
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
+@click.option("--sim-prep-ms", type=float, help="sim model: CPU cost to prepare each task.")
+@click.option(
+    "--pipeline/--no-pipeline",
+    default=None,
+    help="Prepare the next batch while one computes (default: on).",
+)
 @click.option("--device", help="auto, cpu or cuda:N.")
 @click.option("--hostname", help="Celery node name (default: MODEL-PID@<host>).")
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
@@ -276,17 +282,17 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed", "fleet", "overhead"]),
+    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead"]),
     default="sim",
     show_default=True,
-    help="sim: the simulated GPU; embed: the real MiniLM model; fleet: Redis cost as the "
-    "fleet grows; overhead: a zero-cost model, tasks/s and Redis CPU per task.",
+    help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
+    "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
+    "overhead: a zero-cost model, tasks/s and Redis CPU per task.",
 )
 @click.option(
     "--systems",
-    default="tandem,celery-plain,celery-batches/10ms,celery-batches/50ms",
-    show_default=True,
-    help="Comma-separated systems to compare.",
+    help="Comma-separated systems to compare (default: tandem, celery-plain, "
+    "celery-batches/10ms and /50ms; prep adds tandem/no-pipeline).",
 )
 @click.option("--rates", help="Comma-separated offered rates (req/s); default per profile.")
 @click.option("--seconds", type=float, help="Seconds of arrivals per point (default 5, quick 2).")
@@ -300,6 +306,7 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
     require("bench", "tandem bench")
     if profile == "embed":
         require("embed", "tandem bench --profile embed")
+    systems = systems or ",".join(DEFAULT_SYSTEMS[profile == "prep"])
     if profile in ("fleet", "overhead"):
         _logging("WARNING")
         _fleet_bench(profile, quick, systems, workers, json_path, plot_path)
@@ -333,6 +340,13 @@ def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path
         json_path=json_path,
         plot_path=plot_path,
     )
+
+
+#: The systems bench compares by default; with a preparation cost, the pipeline switch too.
+DEFAULT_SYSTEMS = {
+    False: ("tandem", "celery-plain", "celery-batches/10ms", "celery-batches/50ms"),
+    True: ("tandem", "tandem/no-pipeline", "celery-plain", "celery-batches/10ms"),
+}
 
 
 def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None:

@@ -72,6 +72,11 @@ class Settings:
     #: The sim model's cost: base_ms + per_item_ms * batch size.
     sim_base_ms: float = 20.0
     sim_per_item_ms: float = 0.5
+    #: The sim model's preparation cost per task: CPU held with the GIL, as Python
+    #: preprocessing is, in the prepare stage.
+    sim_prep_ms: float = 0.0
+    #: Prepare batch N+1 (claim, decode, validate, tokenize) while batch N computes.
+    pipeline: bool = True
     #: Model repository folder; empty means the examples shipped with tandem.
     repository: str = ""
     #: Torch device: auto, cpu or cuda:N. A repository model's config may name its own.
@@ -105,6 +110,7 @@ class Settings:
             "dead_letter_ttl_s": 1,
             "sim_base_ms": 0,
             "sim_per_item_ms": 0,
+            "sim_prep_ms": 0,
         }
         out = []
         for name, low in at_least.items():

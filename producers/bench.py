@@ -39,11 +39,21 @@ class Profile:
     model: str
     rates: tuple[float, ...]
     quick_rates: tuple[float, ...]
+    #: Settings the profile changes (the sim model's costs).
+    settings: tuple[tuple[str, Any], ...] = ()
 
 
 PROFILES = {
     "sim": Profile("sim", "sim:1", (10, 100, 300, 600, 1000, 1500, 1800, 2200), (10, 300, 1500)),
     "embed": Profile("embed", "minilm:1", (5, 20, 50, 100, 200, 300), (5, 50, 200)),
+    # sim with a CPU-bound preparation per task, as tokenizing is: 0.3 ms a task.
+    "prep": Profile(
+        "prep",
+        "sim:1",
+        (10, 300, 1000, 1400, 1800, 2200),
+        (10, 1000, 2200),
+        (("sim_prep_ms", 0.3),),
+    ),
 }
 
 
@@ -52,12 +62,14 @@ class System:
     name: str
     kind: str  # tandem | plain | batches
     flush_interval_ms: float = 0.0
+    pipeline: bool = True  # tandem: prepare the next batch while one computes
 
 
 SYSTEMS = {
     s.name: s
     for s in (
         System("tandem", "tandem"),
+        System("tandem/no-pipeline", "tandem", pipeline=False),
         System("celery-plain", "plain"),
         System("celery-batches/10ms", "batches", 10.0),
         System("celery-batches/50ms", "batches", 50.0),
@@ -88,6 +100,7 @@ class Running:
             worker = self.settings.replace(hostname=f"{system.kind}{n + 1}@bench")
             log = folder / "logs" / f"{system.kind}{n + 1}.log"
             if system.kind == "tandem":
+                worker = worker.replace(pipeline=system.pipeline)
                 self.processes.append(spawn(["worker"], worker, log))
             else:
                 args = [
@@ -242,9 +255,16 @@ def run_point(
 
 
 def limits(settings: Settings, workers: int) -> dict[str, float]:
-    """The latency floor (compute of one item) and the throughput ceiling."""
+    """The latency floor (compute of one item) and the throughput ceiling. With a
+    preparation cost the ceiling is set by the slower stage of a pipelined executor."""
     if settings.models[0].startswith("sim:"):
-        cost = lambda b: settings.sim_base_ms + settings.sim_per_item_ms * b  # noqa: E731
+
+        def cost(b: int) -> float:
+            compute = settings.sim_base_ms + settings.sim_per_item_ms * b
+            return (
+                max(compute, settings.sim_prep_ms * b) if b > 1 else compute + settings.sim_prep_ms
+            )
+
     else:
         compute = baselines.make_compute(settings)
         make = sampler(settings.models[0], settings.repository)
@@ -366,7 +386,7 @@ def run_bench(
     from rich.progress import Progress
 
     console = console or Console(width=max(Console().width, 110))
-    settings = settings.replace(models=(profile.model,), max_wait_ms=0.0)
+    settings = settings.replace(models=(profile.model,), max_wait_ms=0.0, **dict(profile.settings))
     limit = limits(settings, workers)
     rows = []
     with Progress(console=console, transient=True) as progress:

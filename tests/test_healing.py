@@ -128,9 +128,9 @@ def test_dead_letters_can_be_listed_requeued_and_purged(processes, settings, r):
 def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes, settings, r):
     """A bug right after a claim (the tasks are in in-flight): the executor hands them back
     through reclaim, registers again and serves them."""
-    # Its first claim_or_idle goes IDLE at start; the second claims the tasks that queued
-    # in L1 while it computed the first one.
-    os.environ[FAULTS] = "claim_or_idle:after:2:crash"  # read by the worker process it starts
+    # Its first claim (the pipeline's, while the first task computes) holds that task and
+    # what queued in L1 meanwhile in in-flight when the bug strikes.
+    os.environ[FAULTS] = "claim:after:1:crash"  # read by the worker process it starts
     try:
         processes.worker("w2", sim_base_ms=50.0)
     finally:
@@ -140,7 +140,7 @@ def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes,
         submitted = [client.submit("sim:1", [n]) for n in range(20)]
         assert [x.get(timeout=60) for x in submitted] == [[n] for n in range(20)]
     log = processes.log("w2")
-    assert "failed (RuntimeError: injected fault at claim_or_idle:after:2); restart 1" in log
+    assert "failed (RuntimeError: injected fault at claim:after:1); restart 1" in log
     assert [e.id for e in executors_of(r, "w2")] == [executor.id]  # registered again
     assert r.llen(keys.inflight(executor.id)) == 0
     assert int(r.hget(keys.STATS, "redelivered") or 0) >= 1
@@ -165,7 +165,7 @@ def test_an_executor_that_keeps_crashing_makes_its_worker_exit_non_zero(
 
 def test_claim_path_faults_strand_nothing(processes, settings, r, monkeypatch):
     """A Redis failure after each step of the claim path did its work (a lost reply)."""
-    steps = ["wait_l2", "window", "state", "begin", "claim_or_idle", "complete"]
+    steps = ["wait_l2", "window", "state", "begin", "claim", "claim_or_idle", "complete"]
     monkeypatch.setenv(FAULTS, ",".join(f"{s}:after:2" for s in steps))
     processes.worker("w1", max_wait_ms=20.0, sim_base_ms=30.0)
     sent: dict[str, int] = {}

@@ -237,7 +237,8 @@ def test_a_new_worker_takes_the_l1_backlog_at_once(processes, settings, r):
     busy = processes.worker("w1", sim_base_ms=1000.0)
     with Client(settings=settings) as client:
         results = client.submit_many("sim:1", [[n] for n in range(80)])
-        wait_until(lambda: Table(r).l1_depth("sim:1") == 79, 10, "the backlog")
+        # w1 computes one and, meanwhile, has claimed and prepared the next 32 (pipeline).
+        wait_until(lambda: Table(r).l1_depth("sim:1") == 80 - 1 - 32, 10, "the backlog")
         busy.send_signal(signal.SIGSTOP)  # w1 stays busy however long w2 takes to start
         try:
             processes.worker("w2", idle=False)

@@ -1,8 +1,11 @@
 """One executor: one loaded model on one device, with the IDLE/WAITING/WORKING machine.
 
-Two batch slots: the executor thread claims and computes one batch while a
-returner thread stores the previous batch's results, so returning results
-never holds up the next compute.
+Three stages, one thread each, at most one batch in each:
+- prepare (the executor thread): claim, decode, check and validate a batch (tokenizing
+  included); with the pipeline on, it does this for batch N+1 while N computes, and
+  tops N+1 up from L1 when N ends (the patent's pair of second-level task sets);
+- compute (the device thread): one forward pass;
+- return (the returner thread): store batch N's results while N+1 computes.
 
 Redis's in-flight list is the truth. After a Redis error the executor hands what
 it holds back through reclaim and registers again; after a crash of its own
@@ -21,6 +24,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -57,6 +61,14 @@ class Done:
     started_at: float = 0.0
     compute_ms: float = 0.0
     stored_at: float = 0.0
+
+
+class Early(list):
+    """Messages claimed while the previous batch computed, with their prepared tasks."""
+
+    def __init__(self, raw: list[bytes], tasks: list[message.Task]) -> None:
+        super().__init__(raw)
+        self.tasks = tasks
 
 
 class Executor:
@@ -97,6 +109,9 @@ class Executor:
         #: The compute in hand: its tasks, its start (epoch s) and its start (monotonic s).
         self._computing: tuple[list[message.Task], float, float] | None = None
         self._full: FullSignal | None = None  # the batch window's signal, if it has one
+        #: The device thread: runs each forward pass, so the executor thread can prepare
+        #: the next batch meanwhile.
+        self._device = ThreadPoolExecutor(1, thread_name_prefix=f"tandem device {self.id}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._new_returner()
@@ -174,6 +189,7 @@ class Executor:
             self._returner.join(timeout_s)
         if self._full is not None:
             self._full.close()
+        self._device.shutdown(wait=False)
         try:
             moved = self.table.reclaim(self.id, self.model_ref, force=True)
         except redis.RedisError as e:
@@ -219,8 +235,7 @@ class Executor:
             try:
                 self._check_returner()
                 if batch:
-                    self._compute(batch)
-                    batch = []
+                    batch = self._compute(batch)  # the next batch, if it took one meanwhile
                 elif self.state is State.IDLE:
                     batch = self._wait_for_batch()
                 else:
@@ -369,29 +384,34 @@ class Executor:
             self._moved(State.WORKING)
         return batch
 
-    def _compute(self, batch: list[bytes]) -> None:
+    def _compute(self, batch: list[bytes]) -> list[bytes]:
+        """Prepare a batch (decode, check, validate), top it up, and compute it on the
+        device thread. Meanwhile, with the pipeline on, claim the next batch from L1 and
+        prepare it (the pair of second-level sets). Returns that next batch, or []."""
         claimed_at = time.time()
-        tasks = self._checked(batch)
+        early = isinstance(batch, Early)
+        tasks = self._top_up(
+            self._rechecked(batch.tasks) if early else self._checked(batch), early=early
+        )
         ready = [n for n, task in enumerate(tasks) if task.error is None]
-        # A task failed before compute (expired, bad input) frees its slot: refill it from
-        # L1 (never from the retry list, whose tasks are computed alone).
-        while len(tasks) > len(ready) and len(ready) < self.max_batch:
-            more = self.table.claim(self.id, self.model_ref, self.max_batch - len(ready))
-            if not more:
-                break
-            first = len(tasks)
-            tasks += self._checked(more)
-            ready += [n for n in range(first, len(tasks)) if tasks[n].error is None]
-        outputs: dict[int, Any] = {}
-        started_at = time.time()
-        if ready and getattr(batch, "redelivered", False) and self._returner.is_alive():
+        suspect = bool(ready) and getattr(batch, "redelivered", False)
+        if suspect and self._returner.is_alive():
             # A suspect computes with nothing else in in-flight: if it kills the process,
             # the previous batch, stored by now, is not blamed with it.
             self._slot.join()
+        outputs: dict[int, Any] = {}
+        started_at = time.time()
+        following: list[bytes] = []
         if ready:
             self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
+            inputs = [tasks[n].inputs for n in ready]
             try:
-                computed = self._run_isolated([tasks[n].inputs for n in ready])
+                computing = self._device.submit(self._run_isolated, inputs)
+                try:
+                    if self.settings.pipeline and not suspect and not self._stop.is_set():
+                        following = self._prepare_next()
+                finally:
+                    computed = computing.result()  # the device is free before anything else
             finally:
                 self._computing = None
             for n, out in zip(ready, computed, strict=True):
@@ -401,6 +421,40 @@ class Executor:
                     outputs[n] = out
         compute_ms = (time.time() - started_at) * 1000
         self._hand_over(Done(tasks, outputs, claimed_at, started_at, compute_ms))
+        return following
+
+    def _prepare_next(self) -> list[bytes]:
+        """While a batch computes: claim up to max_batch from L1 (never a retry task, which
+        computes alone) and prepare it. The executor stays WORKING."""
+        claimed = self.table.claim(self.id, self.model_ref, self.max_batch)
+        return Early(claimed, self._checked(claimed)) if claimed else []
+
+    def _rechecked(self, tasks: list[message.Task]) -> list[message.Task]:
+        """Tasks prepared while the last batch computed, checked again as it starts: a
+        revoke or a deadline may have come meanwhile."""
+        now = datetime.now(timezone.utc)
+        ids = [t.id for t in tasks if t.error is None and t.id]
+        revoked = self.table.revoked(ids) if self.revocations and ids else ()
+        for task in tasks:
+            if task.error is None and task.id in revoked:
+                task.error = Revoked(f"task {task.id} was revoked")
+            task.check_deadline(now)
+        return tasks
+
+    def _top_up(self, tasks: list[message.Task], *, early: bool) -> list[message.Task]:
+        """Fill the batch from L1 up to max_batch: a batch prepared early takes what
+        arrived while the last one computed; any batch refills the slots of tasks that
+        failed before compute (expired, bad input). Never from the retry list."""
+        ready = sum(task.error is None for task in tasks)
+        while ready < self.max_batch and (early or len(tasks) > ready):
+            more = self.table.claim(self.id, self.model_ref, self.max_batch - ready)
+            if not more:
+                break
+            checked = self._checked(more)
+            tasks = tasks + checked
+            ready += sum(task.error is None for task in checked)
+            early = False
+        return tasks
 
     def _hand_over(self, done: Done) -> None:
         """Put a computed batch in the return slot once the returner has room for it."""

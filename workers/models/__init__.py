@@ -56,7 +56,11 @@ def _builtin(name: str, settings: Settings) -> Model:
     if name == "sim":
         from workers.models.sim import SimModel
 
-        return SimModel(base_ms=settings.sim_base_ms, per_item_ms=settings.sim_per_item_ms)
+        return SimModel(
+            base_ms=settings.sim_base_ms,
+            per_item_ms=settings.sim_per_item_ms,
+            prep_ms=settings.sim_prep_ms,
+        )
     from workers.models.tiny import TinyModel
 
     return TinyModel(device=settings.device)
