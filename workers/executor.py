@@ -61,6 +61,8 @@ class Done:
     started_at: float = 0.0
     compute_ms: float = 0.0
     stored_at: float = 0.0
+    #: The forward pass's time on the GPU (CUDA events), when the model measures it.
+    device_ms: float | None = None
 
 
 class Early(list):
@@ -402,16 +404,17 @@ class Executor:
         outputs: dict[int, Any] = {}
         started_at = time.time()
         following: list[bytes] = []
+        compute_ms, device_ms = 0.0, None
         if ready:
             self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
             inputs = [tasks[n].inputs for n in ready]
             try:
-                computing = self._device.submit(self._run_isolated, inputs)
+                computing = self._device.submit(self._forward, inputs)
                 try:
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following = self._prepare_next()
                 finally:
-                    computed = computing.result()  # the device is free before anything else
+                    computed, compute_ms, device_ms = computing.result()  # the device is free
             finally:
                 self._computing = None
             for n, out in zip(ready, computed, strict=True):
@@ -419,8 +422,8 @@ class Executor:
                     tasks[n].error = out
                 else:
                     outputs[n] = out
-        compute_ms = (time.time() - started_at) * 1000
-        self._hand_over(Done(tasks, outputs, claimed_at, started_at, compute_ms))
+        done = Done(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
+        self._hand_over(done)
         return following
 
     def _prepare_next(self) -> list[bytes]:
@@ -491,6 +494,13 @@ class Executor:
                 task.error = e
             except Exception as e:  # noqa: BLE001 - a validator bug fails the task, not the executor
                 task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
+
+    def _forward(self, batch: list[Any]) -> tuple[list[Any], float, float | None]:
+        """On the device thread: the outputs, the wall ms, and the model's own GPU ms."""
+        started = time.perf_counter()
+        outputs = self._run_isolated(batch)
+        wall_ms = (time.perf_counter() - started) * 1000
+        return outputs, wall_ms, getattr(self.model, "last_device_ms", None)
 
     def _run_isolated(self, batch: list[Any]) -> list[Any]:
         """Run one forward pass; if it raises, bisect so only the offending tasks fail."""

@@ -68,6 +68,8 @@ class Metrics(Hook):
         if done.outputs:
             metrics.observe(counts, "batch_size", len(done.outputs))
             metrics.observe(counts, "compute_ms", done.compute_ms)
+            if done.device_ms is not None:
+                metrics.observe(counts, "device_ms", done.device_ms)
         for n, task in enumerate(done.tasks):
             counts["outcome:FAILURE" if task.error else "outcome:SUCCESS"] += 1
             if task.error is not None:

@@ -90,6 +90,7 @@ class RepoModel:
         self.max_batch_size = config.max_batch_size
         self.max_wait_ms = config.max_wait_ms
         self.max_queue = config.max_queue
+        self.last_device_ms: float | None = None
         self._warm_up()
 
     def __repr__(self) -> str:
@@ -101,8 +102,18 @@ class RepoModel:
     def run(self, batch: list[Item]) -> list[Any]:
         collated = self.collator.collate(batch)
         with torch.inference_mode():
-            outputs = self.module(*self._to_device(collated))
-        return self.collator.split(outputs, collated, len(batch))
+            args = self._to_device(collated)
+            if self.device.type != "cuda":
+                return self.collator.split(self.module(*args), collated, len(batch))
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            outputs = self.module(*args)
+            end.record()
+            out = self.collator.split(outputs, collated, len(batch))
+        end.synchronize()
+        #: The last forward pass's GPU time: the executor reports it as device_ms.
+        self.last_device_ms = start.elapsed_time(end)
+        return out
 
     def _to_device(self, batch: Batch) -> list[torch.Tensor]:
         args = []
