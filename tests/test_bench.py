@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from helpers import tandem
+
 COLUMNS = {
     "system",
     "offered_rps",
@@ -98,12 +100,6 @@ def test_the_overhead_profile_counts_every_result(tmp_path):
 
 
 def test_the_overhead_profile_names_an_unknown_system(tmp_path):
-    done = subprocess.run(
-        ["tandem", "bench", "--profile", "overhead", "--systems", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    done = tandem("bench", "--profile", "overhead", "--systems", "nope", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown system 'nope'" in done.stderr
