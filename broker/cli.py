@@ -361,7 +361,7 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
     console = Console(width=110)
     with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as folder:
         if profile == "fleet":
-            report = fleet.run_fleet(load_settings(), Path(folder), quick=quick)
+            report = fleet.run_fleet(Path(folder), quick=quick)
             fleet.print_fleet(report, console)
             draw = fleet.plot_fleet
         else:

@@ -24,7 +24,7 @@ import redis
 
 from broker import keys, message
 from broker.server import RedisServer
-from broker.settings import Settings, load_settings
+from broker.settings import load_settings
 from broker.stack import Child, Stack, spawn, stop_process, wait_for_executors
 from broker.table import Table
 from producers.bench import SYSTEMS, Running
@@ -218,7 +218,7 @@ def _wait(condition, timeout_s: float) -> None:
         time.sleep(0.02)  # polling counters, bounded by the deadline
 
 
-def run_fleet(settings: Settings, folder: Path, *, quick: bool) -> dict[str, Any]:
+def run_fleet(folder: Path, *, quick: bool) -> dict[str, Any]:
     sizes = SIZES[:2] if quick else SIZES
     idle = 100 if quick else 500
     return {
