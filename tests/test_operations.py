@@ -247,5 +247,6 @@ def test_a_new_worker_takes_the_l1_backlog_at_once(processes, settings, r):
             )[0]
         finally:
             busy.send_signal(signal.SIGCONT)
-        assert newcomer.inflight_depth == 32  # a full batch straight from L1
+        # A full batch straight from L1, and then, while it computes, the last 15 (pipeline).
+        assert newcomer.inflight_depth in (32, 47)
         assert [res.get(timeout=60) for res in results] == [[n] for n in range(80)]
