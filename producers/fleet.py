@@ -230,9 +230,9 @@ def run_fleet(folder: Path, *, quick: bool) -> dict[str, Any]:
 
 
 def run_overhead(
-    systems: list[str], folder: Path, *, quick: bool, workers: int
+    systems: list[str], folder: Path, *, quick: bool, workers: int, tasks: int = 0
 ) -> list[dict[str, Any]]:
-    tasks = 2_000 if quick else 6_400
+    tasks = tasks or (2_000 if quick else 6_400)
     return [overhead(system, tasks, workers, folder) for system in systems]
 
 
