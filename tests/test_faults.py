@@ -200,7 +200,9 @@ def test_a_redelivered_task_keeps_one_result(processes, settings, r):
 
 
 def test_a_bounded_queue_refuses_with_queue_full(processes, settings, r):
-    processes.worker("w1", sim_base_ms=2000.0, max_queue=5)
+    # No pipeline: it would move what waits in L1 into in-flight while the first computes,
+    # whenever its first compute starts, and this test counts L1.
+    processes.worker("w1", sim_base_ms=2000.0, max_queue=5, pipeline=False)
     with Client(settings=settings) as client:
         first = client.submit("sim:1", [0])  # makes the executor WORKING
         accepted = [client.submit("sim:1", [n]) for n in range(1, 6)]
