@@ -83,6 +83,11 @@ def _routed(model: str, reply: bytes | int) -> str | None | QueueFull:
     return None
 
 
+def _ms(seconds: int, micros: int) -> int:
+    """Redis's TIME reply (seconds, microseconds) in epoch ms."""
+    return seconds * 1000 + micros // 1000
+
+
 def _partial(error: Exception, routed: list) -> Exception:
     error.routed = routed
     return error
@@ -368,7 +373,7 @@ class Table:
             return set()
         with self.redis.pipeline(transaction=False) as pipe:
             (now_s, now_us), scores = pipe.time().zmscore(keys.REVOKED, list(task_ids)).execute()
-        now = now_s * 1000 + now_us // 1000
+        now = _ms(now_s, now_us)
         return {i for i, s in zip(task_ids, scores, strict=True) if s is not None and s > now}
 
     def revocations(self) -> int:
@@ -413,8 +418,7 @@ class Table:
 
     def now_ms(self) -> int:
         """Redis's clock, in ms: the one every heartbeat deadline is set by."""
-        now_s, now_us = self.redis.time()
-        return now_s * 1000 + now_us // 1000
+        return _ms(*self.redis.time())
 
     def latest(self, name: str) -> str | None:
         """The highest version of a model that has a live executor, as NAME:VERSION."""

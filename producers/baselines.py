@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 
 from broker.settings import Settings, load_settings
+from workers.app import worker_argv
 
 PLAIN_TASK, PLAIN_QUEUE = "bench.plain", "bench.plain"
 BATCHES_TASK, BATCHES_QUEUE = "bench.batches", "bench.batches"
@@ -100,17 +101,9 @@ def main(argv: list[str] | None = None) -> None:
         app, queue = plain_app(settings), PLAIN_QUEUE
     else:
         app, queue = batches_app(settings, args.flush_every, args.flush_interval_ms), BATCHES_QUEUE
-    worker_argv = [
-        "worker",
-        "--pool=solo",
-        f"--queues={queue}",
-        "--loglevel=WARNING",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    if args.hostname:
-        worker_argv.append(f"--hostname={args.hostname}")
-    app.worker_main(worker_argv)
+    app.worker_main(
+        worker_argv(queue=queue, hostname=args.hostname, loglevel="WARNING", events=False)
+    )
 
 
 if __name__ == "__main__":

@@ -79,10 +79,10 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
 
 def test_a_gpu_time_reaches_the_metrics():
     """A model that reports last_device_ms (CUDA events) has it counted as device_ms."""
-    from workers.executor import Done
+    from workers.computed import Computed
     from workers.hooks import Metrics
 
-    done = Done([], {0: [1]}, compute_ms=3.0, device_ms=2.5)
+    done = Computed([], {0: [1]}, compute_ms=3.0, device_ms=2.5)
     counts = Metrics().counters(None, done)
     assert counts["device_ms:sum"] == 2.5 and counts["device_ms:count"] == 1
-    assert "device_ms:sum" not in Metrics().counters(None, Done([], {0: [1]}, compute_ms=3.0))
+    assert "device_ms:sum" not in Metrics().counters(None, Computed([], {0: [1]}, compute_ms=3.0))

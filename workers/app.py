@@ -14,6 +14,24 @@ from broker.settings import Settings
 CONTROL_QUEUE = "tandem.ctl"
 
 
+def worker_argv(*, queue: str, hostname: str, loglevel: str, events: bool) -> list[str]:
+    """argv for Celery's worker_main: one solo-pool consumer of `queue`, no mingle or
+    gossip (tandem workers and the bench's Celery workers alike)."""
+    argv = [
+        "worker",
+        "--pool=solo",
+        f"--queues={queue}",
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if events:
+        argv.append("--task-events")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    return argv
+
+
 def make_app(settings: Settings) -> Celery:
     """A Celery app on settings.redis_url, as broker and result backend, JSON only."""
     payload.register()

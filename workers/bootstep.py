@@ -149,23 +149,16 @@ def load_models(settings: Settings) -> dict[str, Model]:
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
     import workers.control  # noqa: F401 - registers tandem's remote control commands
-    from workers.app import CONTROL_QUEUE, make_app
+    from workers.app import CONTROL_QUEUE, make_app, worker_argv
 
     models = load_models(settings)
     app = make_app(settings)
     app.tandem_models = models
     app.steps["worker"].add(Executors)
-    argv = [
-        "worker",
-        "--pool=solo",
-        f"--queues={CONTROL_QUEUE}",
-        "--task-events",
-        f"--loglevel={settings.loglevel}",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    argv.append(f"--hostname={settings.hostname or default_node_name(settings.models)}")
-    app.worker_main(argv)
+    hostname = settings.hostname or default_node_name(settings.models)
+    app.worker_main(
+        worker_argv(queue=CONTROL_QUEUE, hostname=hostname, loglevel=settings.loglevel, events=True)
+    )
     # worker_main() drops the worker's exit code (Celery's "Unrecoverable error" sets 1), so
     # a supervisor would see 0 and not restart it: exit with the controller's own code.
     controller = getattr(app, "tandem_controller", None)

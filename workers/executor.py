@@ -25,7 +25,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,24 +44,11 @@ from broker.settings import Settings
 from broker.signals import FullSignal
 from broker.table import State, Table
 from workers.canvas import Canvas
+from workers.computed import Computed
 from workers.hooks import Hook, Logs
 from workers.models import Model, batching
 
 log = logging.getLogger("tandem.executor")
-
-
-@dataclass
-class Done:
-    """A computed batch, waiting in the return slot. Times are epoch seconds."""
-
-    tasks: list[message.Task]
-    outputs: dict[int, Any]
-    claimed_at: float = 0.0
-    started_at: float = 0.0
-    compute_ms: float = 0.0
-    stored_at: float = 0.0
-    #: The forward pass's time on the GPU (CUDA events), when the model measures it.
-    device_ms: float | None = None
 
 
 class Early(list):
@@ -219,7 +205,7 @@ class Executor:
         self.state = State.WORKING
 
     def _new_returner(self) -> None:
-        self._slot: queue.Queue[Done | None] = queue.Queue(maxsize=1)
+        self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
         self._returner_error: BaseException | None = None
         self._returner = threading.Thread(
             target=self._return_loop,
@@ -422,7 +408,7 @@ class Executor:
                     tasks[n].error = out
                 else:
                     outputs[n] = out
-        done = Done(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
+        done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         self._hand_over(done)
         return following
 
@@ -459,7 +445,7 @@ class Executor:
             early = False
         return tasks
 
-    def _hand_over(self, done: Done) -> None:
+    def _hand_over(self, done: Computed) -> None:
         """Put a computed batch in the return slot once the returner has room for it."""
         while True:
             self._check_returner()
@@ -519,7 +505,7 @@ class Executor:
 
     # The returner thread
 
-    def _return_loop(self, slot: queue.Queue[Done | None]) -> None:
+    def _return_loop(self, slot: queue.Queue[Computed | None]) -> None:
         """Store each computed batch. It retries only disconnects: any other error ends
         it, and the executor thread then restarts (a crash, never a stall)."""
         while True:
@@ -541,7 +527,7 @@ class Executor:
             finally:
                 slot.task_done()
 
-    def _store(self, done: Done) -> None:
+    def _store(self, done: Computed) -> None:
         """Store a batch's results; Celery canvas steps go before and after, as in Celery."""
         canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and self.canvas]
         for n, task in canvas:
@@ -566,7 +552,7 @@ class Executor:
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
 
-    def _counters(self, done: Done) -> Counter:
+    def _counters(self, done: Computed) -> Counter:
         """Every hook's metrics counters for this batch, stored with its results."""
         counts: Counter = Counter()
         for hook in self.hooks:

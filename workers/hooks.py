@@ -9,24 +9,29 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker import metrics
 from broker.errors import Revoked
 from broker.message import TASK_NAME
+from workers.computed import Computed
 
-if TYPE_CHECKING:
-    from workers.executor import Done, Executor
+
+class Executor(Protocol):
+    """What a hook reads of the executor it hangs off."""
+
+    id: str
+
 
 log = logging.getLogger("tandem.executor")
 
 
 class Hook:
-    def counters(self, executor: Executor, done: Done) -> Counter:
+    def counters(self, executor: Executor, done: Computed) -> Counter:
         """Metrics counters to add to the model's hash with the batch's results."""
         return Counter()
 
-    def batch_done(self, executor: Executor, done: Done) -> None:
+    def batch_done(self, executor: Executor, done: Computed) -> None:
         """A batch's results are stored."""
 
     def state_changed(self, executor: Executor, state: str) -> None:
@@ -36,7 +41,7 @@ class Hook:
 class Logs(Hook):
     """One line per event: state changes at DEBUG, failures at WARNING, never a traceback."""
 
-    def batch_done(self, executor: Executor, done: Done) -> None:
+    def batch_done(self, executor: Executor, done: Computed) -> None:
         for task in done.tasks:
             if isinstance(task.error, Revoked):
                 log.info("task_revoked executor=%s task=%s", executor.id, task.id)
@@ -63,7 +68,7 @@ class Metrics(Hook):
     """Counters and histograms of each batch, for the model's metrics hash. done.stored_at
     is when the store was sent, so latency ends there."""
 
-    def counters(self, executor: Executor, done: Done) -> Counter:
+    def counters(self, executor: Executor, done: Computed) -> Counter:
         counts: Counter = Counter()
         if done.outputs:
             metrics.observe(counts, "batch_size", len(done.outputs))
@@ -91,7 +96,7 @@ class CeleryEvents(Hook):
         self.hostname = hostname
         self._dispatcher = None
 
-    def batch_done(self, executor: Executor, done: Done) -> None:
+    def batch_done(self, executor: Executor, done: Computed) -> None:
         if self._dispatcher is None:  # created on the returner thread that uses it
             self._dispatcher = self.app.events.Dispatcher(
                 self.app.connection_for_write(),

@@ -1,0 +1,24 @@
+"""A computed batch, as the executor hands it to its returner and the returner to the
+hooks (logs, metrics, Celery events)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from broker import message
+
+
+@dataclass
+class Computed:
+    """A batch's tasks and outputs (by index; a task with an error has none), waiting in
+    the return slot. Times are epoch seconds."""
+
+    tasks: list[message.Task]
+    outputs: dict[int, Any]
+    claimed_at: float = 0.0
+    started_at: float = 0.0
+    compute_ms: float = 0.0
+    stored_at: float = 0.0
+    #: The forward pass's time on the GPU (CUDA events), when the model measures it.
+    device_ms: float | None = None
