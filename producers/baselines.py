@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from celery import Celery
 
+from broker.app import worker_argv
 from broker.settings import Settings, load_settings
-from workers.app import worker_argv
 
 PLAIN_TASK, PLAIN_QUEUE = "bench.plain", "bench.plain"
 BATCHES_TASK, BATCHES_QUEUE = "bench.batches", "bench.batches"

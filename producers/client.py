@@ -12,10 +12,10 @@ import redis
 from celery.result import AsyncResult
 
 from broker import keys, message
+from broker.app import make_app
 from broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from broker.settings import Settings, load_settings
 from broker.table import Table
-from workers.app import make_app
 
 #: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
 #: comes up is used within this long.

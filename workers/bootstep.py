@@ -149,7 +149,7 @@ def load_models(settings: Settings) -> dict[str, Model]:
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
     import workers.control  # noqa: F401 - registers tandem's remote control commands
-    from workers.app import CONTROL_QUEUE, make_app, worker_argv
+    from broker.app import CONTROL_QUEUE, make_app, worker_argv
 
     models = load_models(settings)
     app = make_app(settings)
