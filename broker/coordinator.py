@@ -57,9 +57,11 @@ class Coordinator:
             try:
                 now = time.monotonic()
                 if now >= next_sweep:
-                    self.sweep(full=now >= next_full)
+                    full = now >= next_full
+                    self.sweep(full=full)
                     next_sweep = now + s.coordinator_interval_s
-                    next_full = next_full if now < next_full else now + FULL_SWEEP_S
+                    if full:
+                        next_full = now + FULL_SWEEP_S
                 self.feed()
                 self.relay()
                 delay = 0.1

@@ -269,7 +269,8 @@ class Table:
         )
 
     def wait_full(self, signal: FullSignal, timeout_s: float) -> bool:
-        """WAITING: block up to timeout_s for route.lua's word that the batch is full."""
+        """WAITING: block up to timeout_s for route.lua's word that the batch is full.
+        Always True (the fault point "window" counts every wait that ended)."""
         return self._step("window", lambda: signal.wait(timeout_s) or True)
 
     def complete(

@@ -243,3 +243,31 @@ def test_a_short_soak_loses_nothing(tmp_path):
     assert int(lines["submitted (accepted)"]) > 500
     assert lines["Redis restarts"] == "1"
     assert int(lines["worker kills survived"]) >= 1
+
+
+def test_a_burst_cut_short_by_redis_names_what_it_enqueued(tmp_path, settings):
+    """Redis fills up (maxmemory, noeviction) part way through a burst, which is routed
+    256 tasks per script call: the BrokerUnavailable carries the tasks enqueued before it,
+    whole calls of them, and exactly those are in L1."""
+    server = RedisServer(tmp_path / "redis").start()
+    r = redis.Redis.from_url(server.url)
+    try:
+        table = Table(r)
+        table.register(
+            "busy", "sim:1", worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1
+        )
+        with Client(settings=settings.replace(redis_url=server.url)) as client:
+            first = client.submit("sim:1", [-1])  # the scripts are loaded, the client connected
+            r.config_set("maxmemory-policy", "noeviction")
+            r.config_set("maxmemory", r.info("memory")["used_memory"] + 1024 * 1024)
+            with pytest.raises(BrokerUnavailable, match="OOM") as refused:
+                client.submit_many("sim:1", [[n] for n in range(3000)])
+            accepted = refused.value.accepted
+        assert 0 < len(accepted) < 3000 and len(accepted) % 256 == 0
+        queued = [json.loads(m)["headers"]["id"] for m in r.lrange(keys.l1("sim:1"), 0, -1)]
+        assert set(queued) == {first.id} | {res.id for res in accepted}
+        assert len(queued) == len(accepted) + 1
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
+        server.stop()
