@@ -128,8 +128,9 @@ def test_dead_letters_can_be_listed_requeued_and_purged(processes, settings, r):
 def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes, settings, r):
     """A bug right after a claim (the tasks are in in-flight): the executor hands them back
     through reclaim, registers again and serves them."""
-    # Its first claim (the pipeline's, while the first task computes) holds that task and
-    # what queued in L1 meanwhile in in-flight when the bug strikes.
+    # A burst: one task to its L2, 19 to L1 in the same step. Its first claim (the
+    # pipeline's, while that one computes) takes the next batch from L1 into in-flight,
+    # and the bug strikes; the computed task is stored first.
     os.environ[FAULTS] = "claim:after:1:crash"  # read by the worker process it starts
     try:
         processes.worker("w2", sim_base_ms=50.0)
@@ -137,7 +138,7 @@ def test_an_executor_that_crashes_restarts_in_place_and_loses_nothing(processes,
         del os.environ[FAULTS]
     (executor,) = executors_of(r, "w2")
     with Client(settings=settings) as client:
-        submitted = [client.submit("sim:1", [n]) for n in range(20)]
+        submitted = client.submit_many("sim:1", [[n] for n in range(20)])
         assert [x.get(timeout=60) for x in submitted] == [[n] for n in range(20)]
     log = processes.log("w2")
     assert "failed (RuntimeError: injected fault at claim:after:1); restart 1" in log

@@ -391,16 +391,18 @@ class Executor:
         started_at = time.time()
         following: list[bytes] = []
         compute_ms, device_ms = 0.0, None
+        failed: Exception | None = None  # the early claim's error, raised once N is handed over
         if ready:
             self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
             inputs = [tasks[n].inputs for n in ready]
             try:
                 computing = self._device.submit(self._forward, inputs)
-                try:
-                    if self.settings.pipeline and not suspect and not self._stop.is_set():
+                if self.settings.pipeline and not suspect and not self._stop.is_set():
+                    try:
                         following = self._prepare_next()
-                finally:
-                    computed, compute_ms, device_ms = computing.result()  # the device is free
+                    except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
+                        failed = e
+                computed, compute_ms, device_ms = computing.result()
             finally:
                 self._computing = None
             for n, out in zip(ready, computed, strict=True):
@@ -410,6 +412,8 @@ class Executor:
                     outputs[n] = out
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         self._hand_over(done)
+        if failed is not None:
+            raise failed
         return following
 
     def _prepare_next(self) -> list[bytes]:
