@@ -1,1 +1,2 @@
-"""tandem's Redis side: key layout, atomic scripts, executor table, coordinator."""
+"""The protocol layer: key layout, atomic scripts, messages, results, settings, the
+executor table and the Celery app. Producers, workers and the coordinator stand on it."""

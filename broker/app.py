@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import Celery
 
-from broker import payload
-from broker.errors import TandemError
-from broker.message import TASK_NAME
-from broker.settings import Settings
+from tandem.broker import payload
+from tandem.broker.errors import TandemError
+from tandem.broker.message import TASK_NAME
+from tandem.broker.settings import Settings
 
 #: The queue the worker's ordinary Celery consumer listens on. It never holds
 #: inference tasks; those live in L1 and L2, which only executors read.

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 
 import redis
 
-from broker import keys
-from broker.errors import TandemError
+from tandem.broker import keys
+from tandem.broker.errors import TandemError
 
 #: Longest raw message a record keeps.
 MAX_KEPT_BYTES = 64 * 1024

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from broker.errors import MissingExtra
+from tandem.broker.errors import MissingExtra
 
 #: Each extra of pyproject.toml, with the import names that show it is installed.
 EXTRAS = {

@@ -24,7 +24,7 @@ import threading
 
 import redis
 
-from broker.errors import BadSetting
+from tandem.broker.errors import BadSetting
 
 ENV = "TANDEM_TEST_FAULTS"
 log = logging.getLogger("tandem.faults")

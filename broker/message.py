@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from broker import payload
-from broker.errors import BadInput, DeadlineExceeded, TandemError
+from tandem.broker import payload
+from tandem.broker.errors import BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from broker.errors import BadInput
+from tandem.broker.errors import BadInput
 
 CONTENT_TYPE = "application/x-tandem-tensor"
 CODEC = "tandem-tensor"

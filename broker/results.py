@@ -15,7 +15,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from broker.errors import BadInput
+from tandem.broker.errors import BadInput
 
 #: Largest task message whose kwargs an extended result repeats; larger ones are elided.
 EXTENDED_MAX_BYTES = 4096

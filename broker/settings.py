@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from broker.errors import BadSetting
+from tandem.broker.errors import BadSetting
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis
 
-from broker import keys
+from tandem.broker import keys
 
 
 class FullSignal:

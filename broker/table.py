@@ -6,33 +6,18 @@ All writes go through the atomic scripts in broker/scripts.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
 
-from broker import keys
-from broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownModel
-from broker.faults import Faults
-from broker.scripts import Scripts
-from broker.settings import Settings
-from broker.signals import FullSignal
-
-if sys.version_info >= (3, 11):
-    from enum import StrEnum
-else:  # pragma: no cover
-    from enum import Enum
-
-    class StrEnum(str, Enum):
-        pass
-
-
-class State(StrEnum):
-    IDLE = "IDLE"
-    WAITING = "WAITING"
-    WORKING = "WORKING"
-    STOPPING = "STOPPING"
+from tandem.broker import keys
+from tandem.broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownModel
+from tandem.broker.faults import Faults
+from tandem.broker.scripts import Scripts
+from tandem.broker.settings import Settings
+from tandem.broker.signals import FullSignal
+from tandem.broker.state import State
 
 
 @dataclass(frozen=True)

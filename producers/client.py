@@ -11,11 +11,11 @@ from typing import Any
 import redis
 from celery.result import AsyncResult
 
-from broker import keys, message
-from broker.app import make_app
-from broker.errors import BadInput, BrokerUnavailable, UnknownModel
-from broker.settings import Settings, load_settings
-from broker.table import Table
+from tandem.broker import keys, message
+from tandem.broker.app import make_app
+from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.settings import Settings, load_settings
+from tandem.broker.table import Table
 
 #: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
 #: comes up is used within this long.

@@ -15,10 +15,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from broker import keys
-from broker.errors import BadSetting, UnknownModel
-from broker.settings import load_settings
-from producers.client import Client, TandemResult
+from tandem.broker import keys
+from tandem.broker.errors import BadSetting, UnknownModel
+from tandem.broker.settings import load_settings
+from tandem.producers.client import Client, TandemResult
 
 ENV = "TANDEM_REDIS_MAP"
 

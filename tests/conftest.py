@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.server import RedisServer
-from broker.settings import Settings, load_settings
-from broker.stack import spawn, stop_process
-from broker.table import Table
 from helpers import PLAIN_APPS, wait_until
-from producers.client import stop_result_listener
+from tandem.broker.settings import Settings, load_settings
+from tandem.broker.table import Table
+from tandem.producers.client import stop_result_listener
+from tandem.server import RedisServer
+from tandem.stack import spawn, stop_process
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import uuid
 import msgpack
 from hypothesis import strategies as st
 
-from broker import message, payload
+from tandem.broker import message, payload
 
 #: Examples per fuzz test; CI runs the default, a long run sets TANDEM_FUZZ_EXAMPLES.
 EXAMPLES = int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "1700"))

@@ -12,7 +12,7 @@ from typing import TypeVar
 import redis
 from celery import Celery
 
-from broker.table import ExecutorInfo, Table
+from tandem.broker.table import ExecutorInfo, Table
 
 T = TypeVar("T")
 

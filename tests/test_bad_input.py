@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from broker import keys, message
-from broker.errors import BadInput
 from helpers import plain_celery, wait_until
-from producers.client import Client
+from tandem.broker import keys, message
+from tandem.broker.errors import BadInput
+from tandem.producers.client import Client
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def test_a_tiny_sweep_writes_consistent_json_and_a_png(tmp_path):
 def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):
     """Each part on a tiny scale: route cost, the whole path, idle load, fairness."""
     pytest.importorskip("matplotlib")
-    from producers import fleet
+    from tandem.tools import fleet
 
     (row,) = [fleet.route_cost(4, 1000, tmp_path)]
     assert row["executors"] == 4
@@ -88,7 +88,7 @@ def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):
 
 def test_the_overhead_profile_counts_every_result(tmp_path):
     pytest.importorskip("celery_batches")
-    from producers import fleet
+    from tandem.tools import fleet
 
     rows = fleet.run_overhead(
         ["tandem", "celery-plain"], tmp_path, quick=True, workers=1, tasks=300

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from celery import chain, chord, group
 
-from broker import keys, message
-from broker.errors import BadInput
-from broker.stack import spawn
 from helpers import plain_celery, wait_until
+from tandem.broker import keys, message
+from tandem.broker.errors import BadInput
+from tandem.stack import spawn
 
 TESTS = Path(__file__).parent
 SIM = keys.l1("sim:1")

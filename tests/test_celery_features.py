@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys
 from helpers import plain_celery, wait_until
-from producers.client import Client
+from tandem.broker import keys
+from tandem.producers.client import Client
 
 SIM = keys.l1("sim:1")
 

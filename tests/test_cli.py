@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
-from broker.table import Table
 from helpers import start_up, tandem
-from producers.client import Client
+from tandem.broker.table import Table
+from tandem.producers.client import Client
 
 
 def test_submit_prints_the_result(processes, settings):

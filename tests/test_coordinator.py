@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import threading
 
-from broker import deadletter, keys, message
-from broker.coordinator import Coordinator
-from broker.table import Table
 from helpers import wait_until
+from tandem.broker import deadletter, keys, message
+from tandem.broker.table import Table
+from tandem.coordinator.service import Coordinator
 
 MODEL = "m:1"
 

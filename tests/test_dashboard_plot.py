@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers import dashboard
+from tandem.tools import dashboard
 
 
 def buckets(name: str, counts: dict[float, float], **labels) -> dict:

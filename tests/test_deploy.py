@@ -16,9 +16,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_operations import flower  # noqa: F401 - a fixture
 
-from broker.server import free_port
 from helpers import wait_until
-from producers.client import Client
+from tandem.producers.client import Client
+from tandem.server import free_port
 
 COMPOSE = Path(__file__).parent.parent / "compose"
 K8S = COMPOSE / "k8s"

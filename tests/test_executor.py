@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys
-from broker.errors import BadInput, ModelError
-from broker.table import State, Table
 from helpers import wait_until
-from producers.client import Client
-from workers.executor import Executor
-from workers.heartbeat import Heartbeat
+from tandem.broker import keys
+from tandem.broker.errors import BadInput, ModelError
+from tandem.broker.state import State
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
 
 MODEL = "poison:1"
 

@@ -15,12 +15,12 @@ import pytest
 import redis
 from kombu import pools
 
-from broker import keys
-from broker.errors import BrokerUnavailable, QueueFull
-from broker.server import RedisServer
-from broker.table import Table
 from helpers import executors_of, plain_celery, wait_until
-from producers.client import Client
+from tandem.broker import keys
+from tandem.broker.errors import BrokerUnavailable, QueueFull
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.server import RedisServer
 
 
 class Load(threading.Thread):

@@ -3,10 +3,10 @@ window closes when the batch is full, several executors of one model in one work
 
 from __future__ import annotations
 
-from broker import keys
-from broker.table import Table
 from helpers import executors_of, plain_celery, wait_until
-from producers.client import Client
+from tandem.broker import keys
+from tandem.broker.table import Table
+from tandem.producers.client import Client
 
 
 def test_the_coordinator_feeds_plain_celery_tasks_to_an_executor_that_never_polls(

@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from broker import keys, message, payload, results
-from broker.errors import BadInput, TandemError
-from broker.settings import load_settings
 from helpers import executors_of, wait_until
-from producers.client import Client
-from workers.models import load_model
+from tandem.broker import keys, message, payload, results
+from tandem.broker.errors import BadInput, TandemError
+from tandem.broker.settings import load_settings
+from tandem.producers.client import Client
+from tandem.workers.models import load_model
 
 FUZZ = hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Each example pushes a list of hostile messages through real workers.

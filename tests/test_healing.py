@@ -11,15 +11,15 @@ import pytest
 import redis
 from test_operations import _scrapes, scrape, value
 
-from broker import deadletter, keys
-from broker.faults import ENV as FAULTS
-from broker.server import RedisServer, free_port
-from broker.stack import spawn, stop_process
-from broker.table import Table
 from helpers import executors_of, wait_until
-from producers import chaos
-from producers.client import Client
-from workers.bootstep import EXIT_UNHEALTHY
+from tandem.broker import deadletter, keys
+from tandem.broker.faults import ENV as FAULTS
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.server import RedisServer, free_port
+from tandem.stack import spawn, stop_process
+from tandem.tools import chaos
+from tandem.workers.bootstep import EXIT_UNHEALTHY
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def dead_cli(settings, *args: str) -> str:
 
 
 def test_dead_letters_can_be_listed_requeued_and_purged(processes, settings, r):
-    from broker import message
+    from tandem.broker import message
 
     processes.worker("w1")
     task_id, envelope = message.encode("sim:1", [5], queue=keys.l1("sim:1"))

@@ -16,31 +16,33 @@ from packaging.utils import canonicalize_name
 from helpers import hide_modules, tandem
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("broker", "workers", "producers")
+#: The folders of the one import package, `tandem`.
+FOLDERS = ("shell", "broker", "producers", "workers", "coordinator", "tools")
+PRODUCT = ("tandem",)
 DIST = "tandem-serve"
-#: Files that may import an extra's packages: they run only after broker.extras.require().
+#: Files that may import an extra's packages: they run only after tandem.broker.extras.require().
 EXTRA_FILES = {
-    "producers/bench.py": "bench",
-    "producers/baselines.py": "bench",
-    "producers/dashboard.py": "bench",
-    "producers/fleet.py": "bench",
+    "tools/bench.py": "bench",
+    "tools/baselines.py": "bench",
+    "tools/dashboard.py": "bench",
+    "tools/fleet.py": "bench",
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
 }
 #: What the base commands load, Celery's lazily imported Redis transport and backend included.
 BASE_MODULES = (
-    "broker.cli",
-    "broker.coordinator",
-    "broker.metrics",
-    "broker.status",
-    "broker.stack",
-    "workers.bootstep",
-    "workers.models.repository",
-    "workers.models.sim",
-    "workers.models.tiny",
-    "producers.client",
-    "producers.demo",
-    "producers.soak",
+    "tandem.cli",
+    "tandem.coordinator.service",
+    "tandem.coordinator.exporter",
+    "tandem.status",
+    "tandem.stack",
+    "tandem.workers.bootstep",
+    "tandem.workers.models.repository",
+    "tandem.workers.models.sim",
+    "tandem.workers.models.tiny",
+    "tandem.producers.client",
+    "tandem.tools.demo",
+    "tandem.tools.soak",
     "kombu.transport.redis",
     "celery.backends.redis",
     "celery.apps.worker",
@@ -122,8 +124,8 @@ def test_the_redis_extras_bring_what_kombus_redis_transport_imports():
 def product_imports() -> dict[str, set[str]]:
     """Top-level import names of each product file, relative path -> names."""
     out = {}
-    for package in PRODUCT:
-        for path in (ROOT / package).rglob("*.py"):
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
             names = set()
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):

@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from broker import keys
-from broker.table import State, Table
 from helpers import wait_until
-from producers.client import Client
-from workers.executor import Executor
-from workers.heartbeat import Heartbeat
-from workers.models.sim import SimModel
+from tandem.broker import keys
+from tandem.broker.state import State
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.models.sim import SimModel
 
 MODEL = "sim:1"
 MAX_BATCH = 4

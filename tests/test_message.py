@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from broker import keys, message
-from broker.errors import BadInput, DeadlineExceeded
+from tandem.broker import keys, message
+from tandem.broker.errors import BadInput, DeadlineExceeded
 
 
 def test_round_trip():

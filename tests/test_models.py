@@ -15,14 +15,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from broker import keys, payload
-from broker.errors import BadInput, ModelError, ModelLoadError
-from broker.table import Table
 from helpers import plain_celery
-from producers import client as client_module
-from producers.client import Client
-from workers.models.repository import RepoModel, Repository, check
-from workers.models.spec import load_config
+from tandem.broker import keys, payload
+from tandem.broker.errors import BadInput, ModelError, ModelLoadError
+from tandem.broker.table import Table
+from tandem.producers import client as client_module
+from tandem.producers.client import Client
+from tandem.workers.models.repository import RepoModel, Repository, check
+from tandem.workers.models.spec import load_config
 
 TESTS = Path(__file__).parent
 
@@ -176,7 +176,7 @@ def test_padding_does_not_change_results(repository):
 
 
 def test_a_poisoned_task_fails_alone_among_sixteen(repository, settings, r):
-    from workers.executor import Executor
+    from tandem.workers.executor import Executor
 
     model = Repository(repository).load("seq:1", device="cpu")
     executor = Executor("seq:1", model, table=Table(r), settings=settings, worker="t")
@@ -355,7 +355,7 @@ def test_loading_errors_name_the_file(tmp_path, config, files, error, monkeypatc
     ],
 )
 def test_json_inputs_convert_without_loss(tmp_path, dtype, value, expected):
-    from workers.models.collate import Collator
+    from tandem.workers.models.collate import Collator
 
     config = _spec_config(tmp_path, dtype)
     got = Collator(config).validate(value)["x"]
@@ -373,7 +373,7 @@ def test_json_inputs_convert_without_loss(tmp_path, dtype, value, expected):
     ],
 )
 def test_json_inputs_that_would_lose_meaning_are_refused(tmp_path, dtype, value, error):
-    from workers.models.collate import Collator
+    from tandem.workers.models.collate import Collator
 
     with pytest.raises(BadInput, match=re.escape(error)):
         Collator(_spec_config(tmp_path, dtype)).validate(value)

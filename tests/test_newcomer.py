@@ -12,11 +12,11 @@ import subprocess
 import pytest
 import redis
 
-from broker import keys
-from broker.settings import STACK_FILE, stack_url
-from broker.stack import spawn, stop_process
-from broker.table import Table
 from helpers import start_up, tandem, wait_until
+from tandem.broker import keys
+from tandem.broker.settings import STACK_FILE, stack_url
+from tandem.broker.table import Table
+from tandem.stack import spawn, stop_process
 
 
 def port_is_free(port: int) -> bool:
@@ -108,7 +108,7 @@ def test_a_bench_point_aborts_when_a_baseline_worker_dies(tmp_path):
 
         def baseline_pid() -> int | None:
             found = subprocess.run(
-                ["pgrep", "-f", "producers.baselines plain --hostname=plain1@bench"],
+                ["pgrep", "-f", "tandem.tools.baselines plain --hostname=plain1@bench"],
                 capture_output=True,
                 text=True,
             )

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_cli import tandem
 
-from broker.errors import BadInput
-from broker.server import free_port
-from broker.table import Table
 from helpers import executors_of, plain_celery, wait_until
-from producers.client import Client
+from tandem.broker.errors import BadInput
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.server import free_port
 
 
 def get_json(url: str):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys, message
-from broker.errors import DeadlineExceeded
-from broker.table import Table
 from helpers import plain_celery, wait_until
-from producers.client import Client
-from workers.executor import Executor
-from workers.heartbeat import Heartbeat
+from tandem.broker import keys, message
+from tandem.broker.errors import DeadlineExceeded
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
 
 MODEL = "rec:1"
 

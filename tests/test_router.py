@@ -7,13 +7,13 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker import keys
-from broker.errors import BadSetting, UnknownModel
-from broker.server import RedisServer
-from broker.stack import spawn, stop_process, wait_for_executors
-from broker.table import Table
 from helpers import wait_until
-from producers.router import Router, parse_map
+from tandem.broker import keys
+from tandem.broker.errors import BadSetting, UnknownModel
+from tandem.broker.table import Table
+from tandem.producers.router import Router, parse_map
+from tandem.server import RedisServer
+from tandem.stack import spawn, stop_process, wait_for_executors
 
 
 def test_each_model_is_served_by_the_redis_the_map_names(processes, settings, r, tmp_path):

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from broker import deadletter, keys, message, results
-from broker.errors import ExecutorGone, QueueFull, UnknownModel
-from broker.settings import Settings
-from broker.table import State, Table
+from tandem.broker import deadletter, keys, message, results
+from tandem.broker.errors import ExecutorGone, QueueFull, UnknownModel
+from tandem.broker.settings import Settings
+from tandem.broker.state import State
+from tandem.broker.table import Table
 
 MODEL = "m:1"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_cli import tandem
 
-from broker.server import RedisServer
-from producers.client import Client
+from tandem.producers.client import Client
+from tandem.server import RedisServer
 
 SECRET = "s3cret-pw-7d1"
 

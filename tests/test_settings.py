@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from broker.errors import BadSetting
-from broker.settings import Settings, load_settings
+from tandem.broker.errors import BadSetting
+from tandem.broker.settings import Settings, load_settings
 
 
 def test_defaults():

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from broker import keys
-from broker.errors import BadInput, UnknownModel
-from broker.table import Table
 from helpers import executors_of, plain_celery, wait_until
-from producers.client import Client
-from workers.models.tiny import TinyModel
+from tandem.broker import keys
+from tandem.broker.errors import BadInput, UnknownModel
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.models.tiny import TinyModel
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ from typing import Any
 import redis
 from celery import bootsteps
 
-from broker.settings import Settings
-from broker.table import Table
-from workers.canvas import Canvas
-from workers.executor import Executor
-from workers.heartbeat import Heartbeat
-from workers.hooks import CeleryEvents, Logs, Metrics
-from workers.models import Model, load_model
-from workers.models.repository import pick_device
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
+from tandem.workers.canvas import Canvas
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.hooks import CeleryEvents, Logs, Metrics
+from tandem.workers.models import Model, load_model
+from tandem.workers.models.repository import pick_device
 
 log = logging.getLogger("tandem.worker")
 
@@ -148,8 +148,8 @@ def load_models(settings: Settings) -> dict[str, Model]:
 
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
-    import workers.control  # noqa: F401 - registers tandem's remote control commands
-    from broker.app import CONTROL_QUEUE, make_app, worker_argv
+    import tandem.workers.control  # noqa: F401 - registers tandem's remote control commands
+    from tandem.broker.app import CONTROL_QUEUE, make_app, worker_argv
 
     models = load_models(settings)
     app = make_app(settings)

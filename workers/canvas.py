@@ -18,8 +18,8 @@ from celery import group, signature
 from celery.app.task import Context
 from kombu.exceptions import OperationalError
 
-from broker import message
-from broker.errors import BadInput, Revoked
+from tandem.broker import message
+from tandem.broker.errors import BadInput, Revoked
 
 log = logging.getLogger("tandem.executor")
 

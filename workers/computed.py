@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker import message
+from tandem.broker import message
 
 
 @dataclass

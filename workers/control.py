@@ -22,7 +22,7 @@ from celery.utils.functional import maybe_list
 from celery.worker import control
 from celery.worker.control import control_command, inspect_command, nok, ok
 
-from broker import message, results
+from tandem.broker import message, results
 
 log = logging.getLogger("tandem.worker")
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import redis
 
-from broker import deadletter, keys, message, results
-from broker.errors import (
+from tandem.broker import deadletter, keys, message, results
+from tandem.broker.errors import (
     BadInput,
     ExecutorCrashed,
     ExecutorGone,
@@ -40,13 +40,14 @@ from broker.errors import (
     TandemError,
     UnknownModel,
 )
-from broker.settings import Settings
-from broker.signals import FullSignal
-from broker.table import State, Table
-from workers.canvas import Canvas
-from workers.computed import Computed
-from workers.hooks import Hook, Logs
-from workers.models import Model, batching
+from tandem.broker.settings import Settings
+from tandem.broker.signals import FullSignal
+from tandem.broker.state import State
+from tandem.broker.table import Table
+from tandem.workers.canvas import Canvas
+from tandem.workers.computed import Computed
+from tandem.workers.hooks import Hook, Logs
+from tandem.workers.models import Model, batching
 
 log = logging.getLogger("tandem.executor")
 

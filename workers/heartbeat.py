@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 
 import redis
 
-from broker.table import Table
-from workers.executor import Executor
+from tandem.broker.table import Table
+from tandem.workers.executor import Executor
 
 log = logging.getLogger("tandem.heartbeat")
 

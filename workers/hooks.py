@@ -11,10 +11,10 @@ import logging
 from collections import Counter
 from typing import Any, Protocol
 
-from broker import metrics
-from broker.errors import Revoked
-from broker.message import TASK_NAME
-from workers.computed import Computed
+from tandem.broker import metrics
+from tandem.broker.errors import Revoked
+from tandem.broker.message import TASK_NAME
+from tandem.workers.computed import Computed
 
 
 class Executor(Protocol):

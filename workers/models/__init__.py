@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker.errors import UnknownModel
-from broker.keys import parse_model
-from broker.settings import Settings
+from tandem.broker.errors import UnknownModel
+from tandem.broker.keys import parse_model
+from tandem.broker.settings import Settings
 
 
 class Model(Protocol):
@@ -40,7 +40,7 @@ def load_model(model: str, settings: Settings) -> tuple[str, Model]:
     name, version = parse_model(model)
     if name in BUILTIN:
         return model, _builtin(name, settings)
-    from workers.models.repository import Repository
+    from tandem.workers.models.repository import Repository
 
     repository = Repository(settings.repository or None)
     if not (repository.root / name).is_dir():
@@ -54,13 +54,13 @@ def load_model(model: str, settings: Settings) -> tuple[str, Model]:
 
 def _builtin(name: str, settings: Settings) -> Model:
     if name == "sim":
-        from workers.models.sim import SimModel
+        from tandem.workers.models.sim import SimModel
 
         return SimModel(
             base_ms=settings.sim_base_ms,
             per_item_ms=settings.sim_per_item_ms,
             prep_ms=settings.sim_prep_ms,
         )
-    from workers.models.tiny import TinyModel
+    from tandem.workers.models.tiny import TinyModel
 
     return TinyModel(device=settings.device)

@@ -1,6 +1,7 @@
 """A small image CNN with seeded weights, shipped as TorchScript (workers/repository/cnn/1).
 
-Rebuild the shipped artifact with:  python -m workers.models.cnn workers/repository/cnn/1/model.pt
+Rebuild the shipped artifact with:
+    python -m tandem.workers.models.cnn workers/repository/cnn/1/model.pt
 """
 
 from __future__ import annotations

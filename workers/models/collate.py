@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from broker.errors import BadInput
-from broker.extras import require
-from workers.models.spec import ModelConfig, TensorSpec
+from tandem.broker.errors import BadInput
+from tandem.broker.extras import require
+from tandem.workers.models.spec import ModelConfig, TensorSpec
 
 Item = dict[str, torch.Tensor]
 

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import BertConfig, BertModel  # noqa: E402
 
-from workers.models.spec import ModelConfig, resolve
+from tandem.workers.models.spec import ModelConfig, resolve
 
 
 class MeanPooledBert(BertModel):

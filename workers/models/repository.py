@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from broker.errors import BadSetting, ModelLoadError
-from broker.extras import extra_of, install_hint
-from broker.keys import version_key
-from workers.models.collate import Batch, Collator, Item
-from workers.models.spec import ModelConfig, load_config
+from tandem.broker.errors import BadSetting, ModelLoadError
+from tandem.broker.extras import extra_of, install_hint
+from tandem.broker.keys import version_key
+from tandem.workers.models.collate import Batch, Collator, Item
+from tandem.workers.models.spec import ModelConfig, load_config
 
 log = logging.getLogger("tandem.models")
 

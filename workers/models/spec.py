@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ModelLoadError
-from broker.extras import extra_of, install_hint
-from broker.payload import DTYPES
+from tandem.broker.errors import ModelLoadError
+from tandem.broker.extras import extra_of, install_hint
+from tandem.broker.payload import DTYPES
 
 MASKS = (None, "attention_mask", "lengths")
 

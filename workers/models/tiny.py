@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from broker.errors import BadInput
-from workers.models.repository import pick_device
+from tandem.broker.errors import BadInput
+from tandem.workers.models.repository import pick_device
 
 IN_FEATURES = 8
 OUT_FEATURES = 4

@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from broker.settings import Settings
-from broker.stack import Stack
-from producers.client import Client
-from producers.load import ResultWatcher, poisson, summary
-from producers.samples import sampler
+from tandem.broker.settings import Settings
+from tandem.producers.client import Client
+from tandem.stack import Stack
+from tandem.tools.load import ResultWatcher, poisson, summary
+from tandem.tools.samples import sampler
 
 PHASES = ((20.0, 5.0), (1000.0, 5.0))  # (rate per second, seconds)
 
@@ -25,7 +25,7 @@ def run_demo(
     console = console or Console()
     model = settings.models[0]
     if model.endswith(":latest"):
-        from workers.models.repository import Repository
+        from tandem.workers.models.repository import Repository
 
         model = Repository(settings.repository or None).resolve(model)
     console.print(f"starting Redis, a coordinator and {workers} workers serving {model} ...")

@@ -22,12 +22,12 @@ from typing import Any
 
 import redis
 
-from broker import keys, message
-from broker.server import RedisServer
-from broker.settings import load_settings
-from broker.stack import Child, Stack, spawn, stop_process, wait_for_executors
-from broker.table import Table
-from producers.bench import SYSTEMS, Running
+from tandem.broker import keys, message
+from tandem.broker.settings import load_settings
+from tandem.broker.table import Table
+from tandem.server import RedisServer
+from tandem.stack import Child, Stack, spawn, stop_process, wait_for_executors
+from tandem.tools.bench import SYSTEMS, Running
 
 MODEL = "sim:1"
 SIZES = (2, 32, 256, 1024)
@@ -97,7 +97,7 @@ def path_cost(tasks: int, folder: Path) -> dict[str, Any]:
     """One worker serving sim at zero cost; a burst of `tasks` through the whole path."""
     settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
     with Stack(settings, workers=1, data_dir=folder) as stack:
-        from producers.client import Client
+        from tandem.producers.client import Client
 
         with Client(settings=stack.settings) as client:
             client.submit(MODEL, [0]).get(timeout=30)
@@ -152,7 +152,7 @@ def fairness(executors: int, rate: float, seconds: float, folder: Path) -> dict[
     """Tasks per executor after `seconds` of `rate` req/s on `executors` idle ones."""
     settings = load_settings(models=(MODEL,), executors_per_model=executors)
     with Stack(settings, workers=1, data_dir=folder / "fair") as stack:
-        from producers.client import Client
+        from tandem.producers.client import Client
 
         with Client(settings=stack.settings) as client:
             wait_for_executors(client.redis, executors, 120)

@@ -7,8 +7,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table as RichTable
 
-from broker import keys
-from broker.table import Table
+from tandem.broker import keys
+from tandem.broker.table import Table
 
 
 def snapshot(client: redis.Redis) -> dict:

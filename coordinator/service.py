@@ -17,10 +17,10 @@ import time
 
 import redis
 
-from broker import deadletter, keys, message, results
-from broker.errors import PoisonMessage
-from broker.settings import Settings
-from broker.table import Table
+from tandem.broker import deadletter, keys, message, results
+from tandem.broker.errors import PoisonMessage
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
 
 log = logging.getLogger("tandem.coordinator")
 
@@ -179,7 +179,7 @@ def serve(settings: Settings) -> None:
 
     coordinator = Coordinator(settings)
     if settings.metrics_port:
-        from broker.metrics import serve as serve_metrics
+        from tandem.coordinator.exporter import serve as serve_metrics
 
         serve_metrics(coordinator.redis, settings.metrics_port)
         log.info("metrics on :%d/metrics", settings.metrics_port)

@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from broker.keys import parse_model
+from tandem.broker.keys import parse_model
 
 SENTENCES = (
     "A man is eating a piece of bread.",
@@ -25,7 +25,7 @@ def sampler(model: str, repository: str = "") -> Callable[[int], Any]:
         return lambda n: [n]
     if name == "tiny":
         return lambda n: [float((n + k) % 7) for k in range(8)]
-    from workers.models.repository import Repository
+    from tandem.workers.models.repository import Repository
 
     specs = Repository(repository or None).config(model).inputs
     rng = random.Random(0)

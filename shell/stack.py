@@ -17,10 +17,10 @@ from pathlib import Path
 
 import redis
 
-from broker.errors import ProcessExited, TandemError
-from broker.server import RedisServer
-from broker.settings import STACK_FILE, Settings, stack_url
-from broker.table import Table
+from tandem.broker.errors import ProcessExited, TandemError
+from tandem.broker.settings import STACK_FILE, Settings, stack_url
+from tandem.broker.table import Table
+from tandem.server import RedisServer
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -71,7 +71,7 @@ def spawn(
     args: list[str],
     settings: Settings,
     log_path: Path,
-    module: str = "broker.cli",
+    module: str = "tandem.cli",
     name: str | None = None,
 ) -> Child:
     """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path."""

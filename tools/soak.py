@@ -21,14 +21,14 @@ from pathlib import Path
 
 import redis
 
-from broker import deadletter, keys, message
-from broker.errors import BrokerUnavailable, QueueFull
-from broker.server import RedisServer
-from broker.settings import Settings
-from broker.stack import spawn, stop_process, wait_for_executors
-from broker.table import Table
-from producers import chaos
-from producers.client import Client
+from tandem.broker import deadletter, keys, message
+from tandem.broker.errors import BrokerUnavailable, QueueFull
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.server import RedisServer
+from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.tools import chaos
 
 MODELS = ("sim:1", "tiny:1", "saboteur:1")
 POISON_EVERY_S = 60.0

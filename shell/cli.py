@@ -10,8 +10,8 @@ import time
 
 import click
 
-from broker.errors import TandemError
-from broker.settings import STACK_FILE, load_settings
+from tandem.broker.errors import TandemError
+from tandem.broker.settings import STACK_FILE, load_settings
 
 
 def _settings(**flags):
@@ -20,7 +20,7 @@ def _settings(**flags):
     return load_settings(stack_file=STACK_FILE, **flags)
 
 
-def _redis_option(f):
+def redis_option(f):
     return click.option(
         "--redis",
         "redis_url",
@@ -30,19 +30,39 @@ def _redis_option(f):
     )(f)
 
 
-def _logging(level: str) -> None:
+def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 
-@click.group()
+class Main(click.Group):
+    """tandem's own commands, and those that other packages plug in through the
+    `tandem.commands` entry points (the tools: demo, bench, soak), loaded when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugged()})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and name in (plugged := _plugged()):
+            command = plugged[name].load()
+        return command
+
+
+def _plugged() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group="tandem.commands")}
+
+
+@click.group(cls=Main)
 def main() -> None:
     """tandem: batched inference on Celery and Redis with two-level scheduling."""
 
 
 @main.command()
-@_redis_option
+@redis_option
 @click.option("--model", "models", multiple=True, help="NAME:VERSION to serve; repeatable.")
 @click.option("--repository", help="Model repository folder (default: the shipped examples).")
 @click.option("--max-batch", type=int, help="Largest batch (default 32).")
@@ -65,15 +85,15 @@ def main() -> None:
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def worker(**flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""
-    from workers.bootstep import run_worker
+    from tandem.workers.bootstep import run_worker
 
     settings = _settings(**flags)
-    _logging(settings.loglevel)
+    setup_logging(settings.loglevel)
     run_worker(settings)
 
 
 @main.command()
-@_redis_option
+@redis_option
 @click.option(
     "--interval-s",
     "coordinator_interval_s",
@@ -87,15 +107,15 @@ def worker(**flags) -> None:
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def coordinator(**flags) -> None:
     """Expire dead executors, reclaim their tasks, publish state changes."""
-    from broker.coordinator import serve
+    from tandem.coordinator.service import serve
 
     settings = _settings(**flags)
-    _logging(settings.loglevel)
+    setup_logging(settings.loglevel)
     serve(settings)
 
 
 @main.command()
-@_redis_option
+@redis_option
 @click.argument("model")
 @click.argument("inputs_json")
 @click.option("--priority", type=int, default=0, help="0 (first) to 9.")
@@ -103,7 +123,7 @@ def coordinator(**flags) -> None:
 @click.option("--timeout-s", type=float, default=60.0, help="How long to wait for the result.")
 def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> None:
     """Submit one task and print its result as JSON."""
-    from producers.client import Client
+    from tandem.producers.client import Client
 
     try:
         inputs = json.loads(inputs_json)
@@ -125,7 +145,7 @@ def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> No
 
 
 @main.command()
-@_redis_option
+@redis_option
 @click.option("--json", "as_json", is_flag=True, help="Print the data as JSON, for scripts.")
 @click.option("--watch", is_flag=True, help="A live view until Ctrl-C.")
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds, --watch.")
@@ -133,7 +153,7 @@ def status(redis_url, as_json, watch, interval) -> None:
     """Print each executor and each queue's depth."""
     import redis
 
-    from broker.status import render, snapshot, watch_live
+    from tandem.status import render, snapshot, watch_live
 
     settings = _settings(redis_url=redis_url)
     name = "tandem-status-watch" if watch else "tandem-status"
@@ -147,7 +167,7 @@ def status(redis_url, as_json, watch, interval) -> None:
 
 
 @main.command()
-@_redis_option
+@redis_option
 @click.option("--limit", type=int, default=20, show_default=True, help="How many, newest first.")
 @click.option("--requeue", is_flag=True, help="Submit the listed ones again, and drop them.")
 @click.option("--purge", is_flag=True, help="Delete every dead letter.")
@@ -156,8 +176,8 @@ def dead(redis_url, limit, requeue, purge, as_json) -> None:
     """The dead letters (poison tasks, messages without an id): list, requeue or purge."""
     import redis
 
-    from broker import deadletter
-    from broker.table import Table
+    from tandem.broker import deadletter
+    from tandem.broker.table import Table
 
     if requeue and purge:
         raise click.UsageError("choose --requeue or --purge, not both")
@@ -194,7 +214,7 @@ def models(directory, device) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    from workers.models.repository import Repository, check
+    from tandem.workers.models.repository import Repository, check
 
     repository = Repository(directory)
     rows = check(repository, device)
@@ -211,23 +231,23 @@ def models(directory, device) -> None:
         sys.exit(1)
 
 
-def _stack_options(f):
+def stack_options(f):
     f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
     f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)
     f = click.option("--repository", help="Model repository folder.")(f)
     f = click.option("--max-batch", type=int)(f)
     f = click.option("--max-wait-ms", type=float)(f)
-    return _redis_option(f)
+    return redis_option(f)
 
 
 @main.command()
-@_stack_options
+@stack_options
 def up(workers, **flags) -> None:
     """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers."""
-    from broker.stack import Stack
+    from tandem.stack import Stack
 
     settings = load_settings(**flags)
-    _logging("INFO")
+    setup_logging("INFO")
     embedded = flags["redis_url"] is None
     stack = Stack(settings, workers=workers, embedded=embedded).start()
     found = (
@@ -253,153 +273,6 @@ def up(workers, **flags) -> None:
         stack.stop()
     if exited:
         raise exited
-
-
-@main.command()
-@_stack_options
-@click.option(
-    "--rates",
-    default="20,1000",
-    show_default=True,
-    help="Comma-separated Poisson rates, tasks per second.",
-)
-@click.option("--seconds", type=float, default=5.0, show_default=True, help="Seconds per rate.")
-def demo(workers, rates, seconds, **flags) -> None:
-    """Bring up a local stack, run a low and a high Poisson load, print the figures."""
-    from producers.demo import run_demo
-
-    try:
-        phases = [(float(rate), seconds) for rate in rates.split(",")]
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--rates") from e
-    settings = load_settings(**flags)
-    _logging("WARNING")
-    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None, phases=phases)
-
-
-@main.command()
-@_redis_option
-@click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
-@click.option(
-    "--profile",
-    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead"]),
-    default="sim",
-    show_default=True,
-    help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
-    "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
-    "overhead: a zero-cost model, tasks/s and Redis CPU per task.",
-)
-@click.option(
-    "--systems",
-    help="Comma-separated systems to compare (default: tandem, celery-plain, "
-    "celery-batches/10ms and /50ms; prep adds tandem/no-pipeline).",
-)
-@click.option("--rates", help="Comma-separated offered rates (req/s); default per profile.")
-@click.option("--seconds", type=float, help="Seconds of arrivals per point (default 5, quick 2).")
-@click.option("--workers", type=int, default=2, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
-def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path, plot_path):
-    """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
-    from broker.extras import require
-
-    require("bench", "tandem bench")
-    if profile == "embed":
-        require("embed", "tandem bench --profile embed")
-    systems = systems or ",".join(DEFAULT_SYSTEMS[profile == "prep"])
-    if profile in ("fleet", "overhead"):
-        _logging("WARNING")
-        _fleet_bench(profile, quick, systems, workers, json_path, plot_path)
-        return
-    from producers.bench import PROFILES, SYSTEMS, run_bench
-
-    chosen = PROFILES[profile]
-    try:
-        picked = [SYSTEMS[name.strip()] for name in systems.split(",")]
-        offered = (
-            tuple(float(r) for r in rates.split(","))
-            if rates
-            else (chosen.quick_rates if quick else chosen.rates)
-        )
-    except KeyError as e:
-        raise click.BadParameter(
-            f"unknown system {e}; known: {', '.join(SYSTEMS)}", param_hint="--systems"
-        ) from e
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--rates") from e
-    _logging("WARNING")
-    seconds = seconds or (2.0 if quick else 5.0)
-    run_bench(
-        load_settings(),
-        profile=chosen,
-        systems=picked,
-        rates=offered,
-        seconds=seconds,
-        workers=workers,
-        drain_s=3.0 if quick else 5.0,
-        json_path=json_path,
-        plot_path=plot_path,
-    )
-
-
-#: The systems bench compares by default; with a preparation cost, the pipeline switch too.
-DEFAULT_SYSTEMS = {
-    False: ("tandem", "celery-plain", "celery-batches/10ms", "celery-batches/50ms"),
-    True: ("tandem", "tandem/no-pipeline", "celery-plain", "celery-batches/10ms"),
-}
-
-
-def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None:
-    import json
-    import tempfile
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from producers import fleet
-
-    console = Console(width=110)
-    with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as folder:
-        if profile == "fleet":
-            report = fleet.run_fleet(Path(folder), quick=quick)
-            fleet.print_fleet(report, console)
-            draw = fleet.plot_fleet
-        else:
-            names = [name.strip() for name in systems.split(",")]
-            unknown = [name for name in names if name not in fleet.SYSTEMS]
-            if unknown:
-                raise click.BadParameter(
-                    f"unknown system {unknown[0]!r}; known: {', '.join(fleet.SYSTEMS)}",
-                    param_hint="--systems",
-                )
-            report = fleet.run_overhead(names, Path(folder), quick=quick, workers=workers)
-            fleet.print_overhead(report, console)
-            draw = fleet.plot_overhead
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    if plot_path:
-        draw(report, plot_path)
-
-
-@main.command()
-@click.option("--minutes", type=float, default=5.0, show_default=True)
-@click.option(
-    "--kill-every-s",
-    type=float,
-    default=20.0,
-    show_default=True,
-    help="Seconds between worker kills.",
-)
-def soak(minutes, kill_every_s) -> None:
-    """Mixed load with worker kills and a Redis restart; exits 1 if any task was lost."""
-    from producers.soak import run_soak
-
-    _logging("WARNING")
-    report = run_soak(load_settings(), minutes, kill_every_s)
-    for line in report.lines():
-        click.echo(line)
-    if report.lost:
-        sys.exit(1)
 
 
 def run() -> None:

@@ -6,8 +6,8 @@
 Both compute with the same model code as tandem's executors and store results in
 Celery's Redis backend. Run a worker (settings from TANDEM_* variables):
 
-    python -m producers.baselines plain
-    python -m producers.baselines batches --flush-every 32 --flush-interval-ms 10
+    python -m tandem.tools.baselines plain
+    python -m tandem.tools.baselines batches --flush-every 32 --flush-interval-ms 10
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker.app import worker_argv
-from broker.settings import Settings, load_settings
+from tandem.broker.app import worker_argv
+from tandem.broker.settings import Settings, load_settings
 
 PLAIN_TASK, PLAIN_QUEUE = "bench.plain", "bench.plain"
 BATCHES_TASK, BATCHES_QUEUE = "bench.batches", "bench.batches"
@@ -30,7 +30,7 @@ TASKS, BATCHES = "bench:tasks", "bench:batches"
 
 def make_compute(settings: Settings) -> Callable[[list[Any]], list[Any]]:
     """The batch computation of the first configured model, as tandem's executor runs it."""
-    from workers.models import load_model
+    from tandem.workers.models import load_model
 
     _ref, model = load_model(settings.models[0], settings)
 

@@ -1,7 +1,7 @@
 """A saboteur model for soaks and tests: y = x, except on its two marked inputs.
 
 Serve it from a repository whose config names ``"artifact": {"factory":
-"producers.chaos:saboteur"}`` (see `write_repository`). An input holding KILL makes the
+"tandem.tools.chaos:saboteur"}`` (see `write_repository`). An input holding KILL makes the
 worker process exit at once with code KILL, as a segfault would; one holding HANG blocks
 the forward pass for ever, as a stuck kernel would. Never serve it in production.
 """
@@ -40,7 +40,7 @@ def write_repository(root: Path, name: str = "saboteur", max_batch: int = 8) -> 
         "max_batch_size": max_batch,
         "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}],
         "outputs": [{"name": "y", "dtype": "float32", "shape": [4]}],
-        "artifact": {"factory": "producers.chaos:saboteur"},
+        "artifact": {"factory": "tandem.tools.chaos:saboteur"},
     }
     (folder / "config.json").write_text(json.dumps(config))
     return Path(root)

@@ -3,7 +3,7 @@ without the pipeline. For each: throughput, and the share of the run the device 
 busy (CUDA events around each forward pass) and the device thread was (wall time of
 each forward, with collate and copies). Run by benchmarks/gpu_check.sh.
 
-    python benchmarks/gpu_check.py [--device cuda] [--sizes 1,32,128] [--batches 30]
+    python -m tandem.tools.gpu_check [--device cuda] [--sizes 1,32,128] [--batches 30]
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker import keys
-from broker.settings import load_settings
-from broker.stack import Stack
-from producers.client import Client
-from workers.models.repository import Repository
+from tandem.broker import keys
+from tandem.broker.settings import load_settings
+from tandem.producers.client import Client
+from tandem.stack import Stack
+from tandem.workers.models.repository import Repository
 
 MODEL = "minilm:1"
 

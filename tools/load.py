@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from producers.client import Client
+from tandem.broker import keys
+from tandem.producers.client import Client
 
 
 class ResultWatcher:

@@ -20,15 +20,15 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.errors import ProcessExited
-from broker.server import RedisServer
-from broker.settings import Settings
-from broker.stack import Child, spawn, stop_process, wait_for_executors
-from producers import baselines
-from producers.client import Client
-from producers.load import ResultWatcher, percentile
-from producers.samples import sampler
+from tandem.broker import keys
+from tandem.broker.errors import ProcessExited
+from tandem.broker.settings import Settings
+from tandem.producers.client import Client
+from tandem.server import RedisServer
+from tandem.stack import Child, spawn, stop_process, wait_for_executors
+from tandem.tools import baselines
+from tandem.tools.load import ResultWatcher, percentile
+from tandem.tools.samples import sampler
 
 WARMUP_TASKS = 20
 
@@ -108,7 +108,7 @@ class Running:
                     f"--hostname={worker.hostname}",
                     f"--flush-interval-ms={system.flush_interval_ms}",
                 ]
-                self.processes.append(spawn(args, worker, log, module="producers.baselines"))
+                self.processes.append(spawn(args, worker, log, module="tandem.tools.baselines"))
         if system.kind == "tandem":
             self.client = Client(settings=self.settings)
             wait_for_executors(self.redis, workers, 120, self.processes)

@@ -1,6 +1,6 @@
 """The dashboard's coordinator panels drawn from live scrapes, for when no Grafana is at hand.
 
-`python -m producers.dashboard docs/dashboard.png` starts a local stack (an embedded Redis,
+`python -m tandem.tools.dashboard docs/dashboard.png` starts a local stack (an embedded Redis,
 a coordinator serving /metrics, 2 workers serving sim and tiny), drives a load in phases
 (a low rate, a burst, bad inputs), scrapes /metrics twice a second and draws the panels of
 compose/grafana/dashboards/tandem.json, computed as Prometheus computes them (rates of
@@ -18,11 +18,11 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.extras import require
-from broker.server import free_port
-from broker.settings import load_settings
-from broker.stack import Stack
-from producers.client import Client
+from tandem.broker.extras import require
+from tandem.broker.settings import load_settings
+from tandem.producers.client import Client
+from tandem.server import free_port
+from tandem.stack import Stack
 
 #: (seconds, tasks/s to sim:1, tasks/s of bad inputs to tiny:1)
 PHASES = ((8.0, 20.0, 0.0), (8.0, 800.0, 0.0), (8.0, 40.0, 10.0))

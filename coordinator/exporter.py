@@ -1,0 +1,102 @@
+"""Prometheus /metrics for the coordinator: reads tandem's Redis at each scrape, in the
+schema of tandem.broker.metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import redis
+
+from tandem.broker import keys
+from tandem.broker.metrics import HELP, HISTOGRAMS, STATS
+from tandem.broker.state import State
+from tandem.broker.table import Table
+
+
+class Collector:
+    """A prometheus_client collector that reads tandem's Redis at each scrape."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self.table = Table(client)
+
+    def collect(self) -> Iterator:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        executors = self.table.executors()
+        models = self.table.models()
+        l1 = GaugeMetricFamily(
+            "tandem_l1_depth", "Tasks waiting in the model's L1.", labels=["model"]
+        )
+        l2 = GaugeMetricFamily(
+            "tandem_l2_depth", "Tasks in an executor's L2.", labels=["model", "executor"]
+        )
+        states = GaugeMetricFamily(
+            "tandem_executors", "Executors by state.", labels=["model", "state"]
+        )
+        routes = CounterMetricFamily(
+            "tandem_tasks_routed", "Tasks by route.", labels=["model", "route"]
+        )
+        outcomes = CounterMetricFamily(
+            "tandem_tasks_finished", "Tasks by outcome.", labels=["model", "outcome"]
+        )
+        failures = CounterMetricFamily(
+            "tandem_task_failures", "Failed tasks by reason.", labels=["model", "reason"]
+        )
+        retry = GaugeMetricFamily(
+            "tandem_retry_depth",
+            "Redelivered tasks waiting to be computed alone.",
+            labels=["model"],
+        )
+        histograms = {
+            name: HistogramMetricFamily(f"tandem_{name}", HELP[name], labels=["model"])
+            for name in HISTOGRAMS
+        }
+        for model in models:
+            l1.add_metric([model], self.table.l1_depth(model))
+            retry.add_metric([model], self.redis.llen(keys.retry(model)))
+            mine = [e for e in executors if e.model == model]
+            for state in State:
+                states.add_metric([model, state.value], sum(e.state == state for e in mine))
+            for e in mine:
+                l2.add_metric([model, e.id], e.l2_depth)
+            fields = {
+                k.decode(): float(v) for k, v in self.redis.hgetall(keys.metrics(model)).items()
+            }
+            for route in ("L1", "L2"):
+                routes.add_metric([model, route], fields.get(f"route:{route}", 0.0))
+            for outcome in ("SUCCESS", "FAILURE"):
+                outcomes.add_metric([model, outcome], fields.get(f"outcome:{outcome}", 0.0))
+            for field, value in fields.items():
+                if field.startswith("failure:"):
+                    failures.add_metric([model, field.partition(":")[2]], value)
+            for name, bounds in HISTOGRAMS.items():
+                running, buckets = 0.0, []
+                for bound in (*bounds, "+Inf"):
+                    running += fields.get(f"{name}:{bound}", 0.0)
+                    buckets.append((str(bound), running))
+                histograms[name].add_metric([model], buckets, fields.get(f"{name}:sum", 0.0))
+        yield from (l1, l2, retry, states, routes, outcomes, failures, *histograms.values())
+        yield from self._fleet(GaugeMetricFamily, CounterMetricFamily)
+
+    def _fleet(self, gauge, counter) -> Iterator:
+        """What tandem:stats counts over every model, and the dead-letter list's length."""
+        stats = {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
+        for name, text in STATS.items():
+            yield counter(f"tandem_{name}", text, value=stats.get(name, 0))
+        yield gauge(
+            "tandem_dead_letters", "Dead letters kept now.", value=self.redis.llen(keys.DEAD)
+        )
+
+
+def serve(client: redis.Redis, port: int, address: str = "0.0.0.0") -> None:
+    """Serve /metrics on a background thread."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(Collector(client))
+    start_http_server(port, addr=address, registry=registry)

@@ -1,0 +1,159 @@
+"""The tools' `tandem` subcommands: demo, bench and soak. They plug into the `tandem`
+command through the `tandem.commands` entry points (pyproject.toml), so the shell never
+imports the tools."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tandem.broker.settings import load_settings
+from tandem.cli import redis_option, setup_logging, stack_options
+
+
+@click.command()
+@stack_options
+@click.option(
+    "--rates",
+    default="20,1000",
+    show_default=True,
+    help="Comma-separated Poisson rates, tasks per second.",
+)
+@click.option("--seconds", type=float, default=5.0, show_default=True, help="Seconds per rate.")
+def demo(workers, rates, seconds, **flags) -> None:
+    """Bring up a local stack, run a low and a high Poisson load, print the figures."""
+    from tandem.tools.demo import run_demo
+
+    try:
+        phases = [(float(rate), seconds) for rate in rates.split(",")]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--rates") from e
+    settings = load_settings(**flags)
+    setup_logging("WARNING")
+    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None, phases=phases)
+
+
+@click.command()
+@redis_option
+@click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
+@click.option(
+    "--profile",
+    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead"]),
+    default="sim",
+    show_default=True,
+    help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
+    "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
+    "overhead: a zero-cost model, tasks/s and Redis CPU per task.",
+)
+@click.option(
+    "--systems",
+    help="Comma-separated systems to compare (default: tandem, celery-plain, "
+    "celery-batches/10ms and /50ms; prep adds tandem/no-pipeline).",
+)
+@click.option("--rates", help="Comma-separated offered rates (req/s); default per profile.")
+@click.option("--seconds", type=float, help="Seconds of arrivals per point (default 5, quick 2).")
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
+def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path, plot_path):
+    """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
+    from tandem.broker.extras import require
+
+    require("bench", "tandem bench")
+    if profile == "embed":
+        require("embed", "tandem bench --profile embed")
+    systems = systems or ",".join(DEFAULT_SYSTEMS[profile == "prep"])
+    if profile in ("fleet", "overhead"):
+        setup_logging("WARNING")
+        _fleet_bench(profile, quick, systems, workers, json_path, plot_path)
+        return
+    from tandem.tools.bench import PROFILES, SYSTEMS, run_bench
+
+    chosen = PROFILES[profile]
+    try:
+        picked = [SYSTEMS[name.strip()] for name in systems.split(",")]
+        offered = (
+            tuple(float(r) for r in rates.split(","))
+            if rates
+            else (chosen.quick_rates if quick else chosen.rates)
+        )
+    except KeyError as e:
+        raise click.BadParameter(
+            f"unknown system {e}; known: {', '.join(SYSTEMS)}", param_hint="--systems"
+        ) from e
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--rates") from e
+    setup_logging("WARNING")
+    seconds = seconds or (2.0 if quick else 5.0)
+    run_bench(
+        load_settings(),
+        profile=chosen,
+        systems=picked,
+        rates=offered,
+        seconds=seconds,
+        workers=workers,
+        drain_s=3.0 if quick else 5.0,
+        json_path=json_path,
+        plot_path=plot_path,
+    )
+
+
+#: The systems bench compares by default; with a preparation cost, the pipeline switch too.
+DEFAULT_SYSTEMS = {
+    False: ("tandem", "celery-plain", "celery-batches/10ms", "celery-batches/50ms"),
+    True: ("tandem", "tandem/no-pipeline", "celery-plain", "celery-batches/10ms"),
+}
+
+
+def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from tandem.tools import fleet
+
+    console = Console(width=110)
+    with tempfile.TemporaryDirectory(prefix="tandem-fleet-") as folder:
+        if profile == "fleet":
+            report = fleet.run_fleet(Path(folder), quick=quick)
+            fleet.print_fleet(report, console)
+            draw = fleet.plot_fleet
+        else:
+            names = [name.strip() for name in systems.split(",")]
+            unknown = [name for name in names if name not in fleet.SYSTEMS]
+            if unknown:
+                raise click.BadParameter(
+                    f"unknown system {unknown[0]!r}; known: {', '.join(fleet.SYSTEMS)}",
+                    param_hint="--systems",
+                )
+            report = fleet.run_overhead(names, Path(folder), quick=quick, workers=workers)
+            fleet.print_overhead(report, console)
+            draw = fleet.plot_overhead
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    if plot_path:
+        draw(report, plot_path)
+
+
+@click.command()
+@click.option("--minutes", type=float, default=5.0, show_default=True)
+@click.option(
+    "--kill-every-s",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="Seconds between worker kills.",
+)
+def soak(minutes, kill_every_s) -> None:
+    """Mixed load with worker kills and a Redis restart; exits 1 if any task was lost."""
+    from tandem.tools.soak import run_soak
+
+    setup_logging("WARNING")
+    report = run_soak(load_settings(), minutes, kill_every_s)
+    for line in report.lines():
+        click.echo(line)
+    if report.lost:
+        sys.exit(1)
