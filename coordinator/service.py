@@ -19,6 +19,7 @@ import redis
 
 from tandem.broker import deadletter, keys, message, results
 from tandem.broker.errors import PoisonMessage
+from tandem.broker.retry import Backoff, retry
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 
@@ -49,28 +50,24 @@ class Coordinator:
 
     def run(self) -> None:
         """Loop until stop(): every feed_ms hand L1 tasks on and relay changes; every
-        coordinator_interval_s sweep for dead executors, and once a minute all of them."""
+        coordinator_interval_s sweep for dead executors, and once a minute all of them.
+        A Redis error (a disconnect, READONLY, OOM ...) is retried with backoff."""
         log.info("coordinator on %s", _safe(self.settings.redis_url))
-        s = self.settings
-        delay, next_sweep, next_full = 0.1, 0.0, 0.0
+        self._next_sweep = self._next_full = 0.0
         while not self._stop.is_set():
-            try:
-                now = time.monotonic()
-                if now >= next_sweep:
-                    full = now >= next_full
-                    self.sweep(full=full)
-                    next_sweep = now + s.coordinator_interval_s
-                    if full:
-                        next_full = now + FULL_SWEEP_S
-                self.feed()
-                self.relay()
-                delay = 0.1
-            except redis.RedisError as e:  # a disconnect, or READONLY, OOM ...: retried
-                log.warning("Redis error %s: %s; retrying in %.1fs", type(e).__name__, e, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            self._stop.wait(s.feed_ms / 1000)  # the feed's period
+            retry(self._round, what="coordinator", stop=self._stop, backoff=Backoff(cap_s=5.0))
+            self._stop.wait(self.settings.feed_ms / 1000)  # the feed's period
+
+    def _round(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            full = now >= self._next_full
+            self.sweep(full=full)
+            self._next_sweep = now + self.settings.coordinator_interval_s
+            if full:
+                self._next_full = now + FULL_SWEEP_S
+        self.feed()
+        self.relay()
 
     def stop(self) -> None:
         self._stop.set()

@@ -40,6 +40,7 @@ from tandem.broker.errors import (
     TandemError,
     UnknownModel,
 )
+from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
 from tandem.broker.state import State
@@ -306,24 +307,15 @@ class Executor:
         if not self._returner.is_alive():
             raise ExecutorCrashed(f"its returner stopped: {self._returner_error}")
 
-    def _retry(self, step, *, stoppable: bool = True, on=redis.RedisError):
-        """Run step until it succeeds, backing off on the errors `on` (each one logged)."""
-        delay = 0.1
-        while not (stoppable and self._stop.is_set()):
-            self._tick()
-            try:
-                return step()
-            except on as e:
-                log.warning(
-                    "executor %s: Redis error %s: %s; retrying in %.1fs",
-                    self.id,
-                    type(e).__name__,
-                    e,
-                    delay,
-                )
-                time.sleep(delay)  # backoff before retrying, not synchronisation
-                delay = min(delay * 2, 2.0)
-        return None
+    def _retry(self, step, *, stoppable: bool = True, raise_refusals: bool = False):
+        """Run step until it succeeds, retrying Redis errors (tandem.broker.retry)."""
+        return retry(
+            step,
+            what=f"executor {self.id}",
+            stop=self._stop if stoppable else None,
+            each_try=self._tick,
+            raise_refusals=raise_refusals,
+        )
 
     def _moved(self, state: State) -> None:
         if state != self.state:
@@ -511,8 +503,8 @@ class Executor:
     # The returner thread
 
     def _return_loop(self, slot: queue.Queue[Computed | None]) -> None:
-        """Store each computed batch. It retries only disconnects: any other error ends
-        it, and the executor thread then restarts (a crash, never a stall)."""
+        """Store each computed batch. It retries only disconnects (tandem.broker.retry): any
+        other error ends it, and the executor thread then restarts (a crash, never a stall)."""
         while True:
             done = slot.get()
             try:
@@ -543,7 +535,7 @@ class Executor:
         self._retry(
             lambda: self.table.complete(self.id, entries, model=self.model_ref, counters=counts),
             stoppable=False,
-            on=(redis.ConnectionError, redis.TimeoutError),
+            raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
         )
         for n, task in canvas:
             self.canvas.after_store(task, done.outputs.get(n))

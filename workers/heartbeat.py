@@ -8,8 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import redis
-
+from tandem.broker.retry import Backoff, retry
 from tandem.broker.table import Table
 from tandem.workers.executor import Executor
 
@@ -36,6 +35,7 @@ class Heartbeat:
         self.table = table
         self.executors = executors
         self.interval_s = interval_s
+        self._backoff = Backoff(first_s=interval_s, cap_s=interval_s)  # a failed beat: next beat
         self.ttl_ms = int(ttl_s * 1000)
         self.on_hung = on_hung
         self.beats = 0
@@ -84,8 +84,6 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                self.beat()
-            except redis.RedisError as e:
-                log.warning("heartbeat failed: %s: %s", type(e).__name__, e)
+                retry(self.beat, what="heartbeat", stop=self._stop, backoff=self._backoff)
             except Exception:  # noqa: BLE001 - the heartbeat thread must outlive any error
                 log.exception("heartbeat failed")
