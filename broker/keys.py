@@ -21,9 +21,9 @@ MAX_QUEUE = "tandem:max_queue"
 #: HASH of counters: redelivered (tasks reclaims moved back), duplicates (results kept).
 STATS = "tandem:stats"
 #: STREAM of executor state changes, written by the scripts, relayed by the coordinator.
-CHANGES = "tandem:changes"
+STATE_STREAM = "tandem:changes"
 #: PUB/SUB channel where the coordinator publishes each state change as JSON.
-CHANNEL = "tandem:state"
+STATE_CHANNEL = "tandem:state"
 #: LIST of dead letters, newest first: JSON records (see broker/deadletter.py) of tasks
 #: without a usable id and of quarantined poison tasks. Capped, and expiring.
 DEAD = "tandem:dead"
@@ -37,11 +37,12 @@ DELIVERIES_PREFIX = "tandem:deliveries:"
 #: ZSET of every executor id, scored by its heartbeat deadline (epoch ms): the
 #: coordinator reads only the lapsed ones.
 DEADLINES = "tandem:deadlines"
-#: STRING holding the last CHANGES id the coordinator relayed.
+#: STRING holding the last STATE_STREAM id the coordinator relayed.
 RELAYED = "tandem:coordinator:relayed"
 #: Celery result key of a task; Celery's Redis backend publishes on the same name.
 RESULT_PREFIX = "celery-task-meta-"
-#: HASH per executor: model, worker, state, cap, max_batch, expires_ms, batches, tasks,
+#: HASH per executor: model, worker, state, cap (its room: how many more tasks its L2
+#: takes now, 0 unless IDLE or WAITING), max_batch, expires_ms, batches, tasks,
 #: and `ready`, the key of its model's ready set.
 EXECUTOR_PREFIX = "tandem:executor:"
 #: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.

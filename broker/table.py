@@ -28,7 +28,7 @@ class ExecutorInfo:
     model: str
     worker: str
     state: str
-    cap: int
+    room: int  # how many more tasks its L2 takes now (the hash field `cap`)
     max_batch: int
     expires_ms: int
     batches: int
@@ -131,7 +131,7 @@ class Table:
             out.extend(_routed(model, r) for r in replies)
         return out
 
-    def route_in(
+    def route_on(
         self, pipe: redis.client.Pipeline, model: str, messages: Sequence[str], *, l1_key: str
     ) -> None:
         """Queue one route call for `messages` on a pipeline (see route.lua's reply)."""
@@ -140,7 +140,13 @@ class Table:
     @staticmethod
     def _route_call(model: str, messages: Sequence[str], l1_key: str) -> dict:
         return {
-            "keys": [keys.ready(model), keys.MODELS, l1_key, *keys.l1_keys(model), keys.CHANGES],
+            "keys": [
+                keys.ready(model),
+                keys.MODELS,
+                l1_key,
+                *keys.l1_keys(model),
+                keys.STATE_STREAM,
+            ],
             "args": [
                 model,
                 keys.EXECUTOR_PREFIX,
@@ -155,7 +161,7 @@ class Table:
     def feed(self, model: str) -> int:
         """Hand tasks waiting in the model's L1 to its ready executors, as the route would
         have; returns how many. For tasks that skipped the route (plain Celery clients)."""
-        script_keys = [keys.ready(model), *keys.l1_keys(model), keys.CHANGES]
+        script_keys = [keys.ready(model), *keys.l1_keys(model), keys.STATE_STREAM]
         args = [keys.EXECUTOR_PREFIX, keys.L2_PREFIX, keys.FULL_PREFIX, keys.metrics(model)]
         return self.scripts.feed(keys=script_keys, args=args)
 
@@ -178,7 +184,7 @@ class Table:
             keys.executor(executor_id),
             keys.executors(model),
             keys.MODELS,
-            keys.CHANGES,
+            keys.STATE_STREAM,
             keys.STATS,
             keys.DEADLINES,
         ]
@@ -213,7 +219,7 @@ class Table:
             keys.executor(executor_id),
             keys.l2(executor_id),
             keys.inflight(executor_id),
-            keys.CHANGES,
+            keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
         return _claimed(self._call("begin", script_keys, [executor_id, room, taken]))
@@ -235,7 +241,7 @@ class Table:
         script_keys = [
             keys.executor(executor_id),
             keys.inflight(executor_id),
-            keys.CHANGES,
+            keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
         reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
@@ -243,7 +249,7 @@ class Table:
 
     def set_state(self, executor_id: str, state: State) -> int:
         """Record WAITING or STOPPING; returns the executor's capacity after it."""
-        script_keys = [keys.executor(executor_id), keys.CHANGES]
+        script_keys = [keys.executor(executor_id), keys.STATE_STREAM]
         return self._call("state", script_keys, [executor_id, state.value])
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
@@ -298,7 +304,7 @@ class Table:
             keys.executors(model),
             keys.l2(executor_id),
             keys.inflight(executor_id),
-            keys.CHANGES,
+            keys.STATE_STREAM,
             keys.STATS,
             keys.retry(model),
             keys.POISON,
@@ -335,7 +341,7 @@ class Table:
                 raise ExecutorGone(script_keys[0]) from e
             raise
 
-    def held(self, executor_id: str) -> list[bytes]:
+    def reserved(self, executor_id: str) -> list[bytes]:
         """Every message in an executor's L2 and in-flight lists."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.lrange(keys.l2(executor_id), 0, -1)
@@ -434,7 +440,7 @@ def _info(executor_id: str, h: dict, l2_depth: int, inflight_depth: int) -> Exec
         model=get("model"),
         worker=get("worker"),
         state=get("state"),
-        cap=num("cap"),
+        room=num("cap"),
         max_batch=num("max_batch"),
         expires_ms=num("expires_ms"),
         batches=num("batches"),

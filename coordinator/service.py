@@ -144,10 +144,10 @@ class Coordinator:
         """Publish each new state change from the stream on the state channel, in order."""
         last = self.redis.get(keys.RELAYED)
         if last is None:  # first run: relay from now on
-            newest = self.redis.xrevrange(keys.CHANGES, count=1)
+            newest = self.redis.xrevrange(keys.STATE_STREAM, count=1)
             last = newest[0][0] if newest else "0-0"
             self.redis.set(keys.RELAYED, last)
-        replies = self.redis.xread({keys.CHANGES: last}, count=1000, block=block_ms or None)
+        replies = self.redis.xread({keys.STATE_STREAM: last}, count=1000, block=block_ms or None)
         if not replies:
             return 0
         entries = replies[0][1]
@@ -155,7 +155,7 @@ class Coordinator:
             for _entry_id, fields in entries:
                 change = {k.decode(): v.decode() for k, v in fields.items()}
                 change["ms"] = int(change.get("ms", 0))
-                pipe.publish(keys.CHANNEL, json.dumps(change))
+                pipe.publish(keys.STATE_CHANNEL, json.dumps(change))
             pipe.set(keys.RELAYED, entries[-1][0])
             pipe.execute()
         self.relayed += len(entries)

@@ -115,7 +115,7 @@ def test_relay_publishes_every_change_in_order(settings, r):
     coordinator = Coordinator(settings, r)
     coordinator.relay()  # start from now
     pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.CHANNEL)
+    pubsub.subscribe(keys.STATE_CHANNEL)
     table.register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
     table.claim_or_idle("a", MODEL, 4)
     table.reclaim("a", MODEL, force=True)

@@ -68,7 +68,7 @@ def test_repeated_worker_kills_lose_nothing(processes, settings, r):
     processes.coordinator()
     processes.worker("w0", sim_base_ms=150.0)
     gone = r.pubsub(ignore_subscribe_messages=True)
-    gone.subscribe(keys.CHANNEL)
+    gone.subscribe(keys.STATE_CHANNEL)
     with Client(settings=settings) as client:
         load = Load(client)
         load.start()

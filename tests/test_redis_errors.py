@@ -56,7 +56,7 @@ def test_a_graceful_stop_marks_the_executor_stopping_first(processes, r):
     assert worker.wait(60) == 0
     states = [
         fields[b"state"]
-        for _, fields in r.xrange(keys.CHANGES)
+        for _, fields in r.xrange(keys.STATE_STREAM)
         if fields[b"executor"] == executor.id.encode()
     ]
     assert states[-2:] == [b"STOPPING", b"GONE"]

@@ -79,3 +79,16 @@ def test_a_set_stop_ends_the_tries(r, full):
 
     assert retry(step, what="test", stop=stop, backoff=Backoff(0.001, 0.001)) is None
     assert len(tries) == 2 and not r.exists("never")
+
+
+def test_a_step_that_raises_refusals_still_retries_disconnects(r, full):
+    """The returner's policy: a disconnect is retried, an OOM reply is raised at once."""
+    gone = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    clients = [gone, r]
+
+    def step() -> int:
+        return clients.pop(0).rpush("refused", "x")
+
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        retry(step, what="test", backoff=Backoff(0.001, 0.001), raise_refusals=True)
+    assert not clients and not r.exists("refused")

@@ -76,7 +76,7 @@ def active(state, safe=False, **kwargs):
 @inspect_command(alias="dump_reserved")
 def reserved(state, **kwargs):
     """What each executor holds in L2 and in-flight, besides the batch computing."""
-    return [request_info(t, e) for e in _executors(state) for t in _held(e)]
+    return [request_info(t, e) for e in _executors(state) for t in _reserved(e)]
 
 
 @inspect_command(variadic="ids", signature="[id1 [id2 [... [idN]]]]")
@@ -88,16 +88,16 @@ def query_task(state, ids, **kwargs):
         for task, started in executor.computing():
             if task.id in wanted:
                 found[task.id] = ("active", request_info(task, executor, started=started))
-        for task in _held(executor):
+        for task in _reserved(executor):
             if task.id in wanted and task.id not in found:
                 found[task.id] = ("reserved", request_info(task, executor))
     return found
 
 
-def _held(executor) -> list[message.Task]:
+def _reserved(executor) -> list[message.Task]:
     computing = {task.id for task, _ in executor.computing()}
     try:
-        raws = executor.table.held(executor.id)
+        raws = executor.table.reserved(executor.id)
     except redis.RedisError as e:
         log.warning("inspect: cannot read %s's lists: %s", executor.id, e)
         return []

@@ -317,7 +317,7 @@ class Executor:
             raise_refusals=raise_refusals,
         )
 
-    def _moved(self, state: State) -> None:
+    def _enter(self, state: State) -> None:
         if state != self.state:
             self.state = state
             for hook in self.hooks:
@@ -331,7 +331,7 @@ class Executor:
         from L1), or go IDLE if there is no work; one round trip either way."""
         batch = self.table.claim_or_idle(self.id, self.model_ref, self.max_batch)
         if batch is None:
-            self._moved(State.IDLE)
+            self._enter(State.IDLE)
             return []
         return batch
 
@@ -346,12 +346,12 @@ class Executor:
         taken = [first]
         if self.max_wait_ms <= 0:
             # The route script already made this executor WORKING.
-            self._moved(State.WORKING)
+            self._enter(State.WORKING)
             return taken
         if self.max_batch > 1:
             self._full.clear()
             room = self.table.set_state(self.id, State.WAITING)
-            self._moved(State.WAITING)
+            self._enter(State.WAITING)
             if room > 0:
                 self.table.wait_full(self._full, self.max_wait_ms / 1000)
         return self._begin(taken)
@@ -362,7 +362,7 @@ class Executor:
         )
         batch = taken + more if taken else more  # keeps `more.redelivered`
         if batch:
-            self._moved(State.WORKING)
+            self._enter(State.WORKING)
         return batch
 
     def _compute(self, batch: list[bytes]) -> list[bytes]:

@@ -109,8 +109,8 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
       if #top == 0 then empty = true; return nil end
       local h = redis.call('HMGET', hash_prefix .. top[1], 'state', 'cap', 'expires_ms',
         'max_wait_ms')
-      local cap, expires = tonumber(h[2]), tonumber(h[3])
-      if cap and cap > 0 and expires and expires > now
+      local room, expires = tonumber(h[2]), tonumber(h[3])
+      if room and room > 0 and expires and expires > now
           and (h[1] == 'IDLE' or h[1] == 'WAITING') then
         return top[1], h[1], tonumber(h[4]) or 0
       end
@@ -130,12 +130,12 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
       change(changes, hash, id, 'WORKING')
       return
     end
-    local cap = redis.call('HINCRBY', hash, 'cap', -1)
-    if cap <= 0 then
+    local room = redis.call('HINCRBY', hash, 'cap', -1)
+    if room <= 0 then
       redis.call('ZREM', set, id)
       redis.call('PUBLISH', full_prefix .. id, 'full')
     elseif state == 'WAITING' then
-      redis.call('ZADD', set, cap, id)
+      redis.call('ZADD', set, room, id)
     end
   end
   return self

@@ -14,9 +14,9 @@ for i = 2, #KEYS do
     redis.call('HSET', key, 'expires_ms', deadline)
     redis.call('ZADD', KEYS[1], deadline, id)
     local h = redis.call('HMGET', key, 'state', 'cap', 'ready')
-    local cap = tonumber(h[2]) or 0
-    if h[3] and cap > 0 and (h[1] == 'IDLE' or h[1] == 'WAITING') then
-      local score = h[1] == 'WAITING' and cap or READY_IDLE + now_us()
+    local room = tonumber(h[2]) or 0
+    if h[3] and room > 0 and (h[1] == 'IDLE' or h[1] == 'WAITING') then
+      local score = h[1] == 'WAITING' and room or READY_IDLE + now_us()
       redis.call('ZADD', h[3], 'NX', score, id)
     end
   else

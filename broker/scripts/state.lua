@@ -11,8 +11,8 @@ if ARGV[2] == 'STOPPING' then
   redis.call('HSET', KEYS[1], 'cap', 0)
   not_ready(KEYS[1], ARGV[1])
 elseif ARGV[2] == 'WAITING' then
-  local cap = tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0
-  if cap > 0 then ready_at(KEYS[1], ARGV[1], cap) else not_ready(KEYS[1], ARGV[1]) end
+  local room = tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0
+  if room > 0 then ready_at(KEYS[1], ARGV[1], room) else not_ready(KEYS[1], ARGV[1]) end
 end
 change(KEYS[2], KEYS[1], ARGV[1], ARGV[2])
 return tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0
