@@ -176,12 +176,12 @@ def test_padding_does_not_change_results(repository):
 
 
 def test_a_poisoned_task_fails_alone_among_sixteen(repository, settings, r):
-    from tandem.workers.executor import Executor
+    from tandem.workers.device import run_isolated
 
     model = Repository(repository).load("seq:1", device="cpu")
-    executor = Executor("seq:1", model, table=Table(r), settings=settings, worker="t")
-    outputs = executor._run_isolated(
-        [model.validate([[float(n)] * 4]) for n in range(15)] + [model.validate([[666.0] * 4])]
+    outputs = run_isolated(
+        model,
+        [model.validate([[float(n)] * 4]) for n in range(15)] + [model.validate([[666.0] * 4])],
     )
     assert [type(o) for o in outputs[:15]] == [dict] * 15
     assert isinstance(outputs[15], ModelError)

@@ -1,11 +1,12 @@
 """One executor: one loaded model on one device, with the IDLE/WAITING/WORKING machine.
 
 Three stages, one thread each, at most one batch in each:
-- prepare (the executor thread): claim, decode, check and validate a batch (tokenizing
-  included); with the pipeline on, it does this for batch N+1 while N computes, and
-  tops N+1 up from L1 when N ends (the patent's pair of second-level task sets);
-- compute (the device thread): one forward pass;
-- return (the returner thread): store batch N's results while N+1 computes.
+- prepare (the executor thread, prepare.py): claim, decode, check and validate a batch
+  (tokenizing included); with the pipeline on, it does this for batch N+1 while N
+  computes, and tops N+1 up from L1 when N ends (the patent's pair of second-level sets);
+- compute (the device thread, device.py): one forward pass;
+- return (the returner thread, returner.py): store batch N's results while N+1 computes.
+This module is the state machine around them, and the life cycle.
 
 Redis's in-flight list is the truth. After a Redis error the executor hands what
 it holds back through reclaim and registers again; after a crash of its own
@@ -17,28 +18,20 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
-import traceback
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from typing import Any
 
 import redis
 
-from tandem.broker import deadletter, keys, message, results
+from tandem.broker import message
 from tandem.broker.errors import (
-    BadInput,
     ExecutorCrashed,
     ExecutorGone,
     ModelError,
-    Revoked,
-    TandemError,
-    UnknownModel,
 )
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
@@ -47,8 +40,11 @@ from tandem.broker.state import State
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
+from tandem.workers.device import forward
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.models import Model, batching
+from tandem.workers.prepare import Preparer
+from tandem.workers.returner import Returner
 
 log = logging.getLogger("tandem.executor")
 
@@ -104,7 +100,8 @@ class Executor:
         self._device = ThreadPoolExecutor(1, thread_name_prefix=f"tandem device {self.id}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
-        self._new_returner()
+        self._returner = Returner(self)
+        self._prepare = Preparer(model_ref, model, table, settings.max_message_bytes)
 
     def __repr__(self) -> str:
         return (
@@ -174,9 +171,7 @@ class Executor:
         to L1, deregister. An IDLE one notices within poll_ms."""
         self.request_stop()
         self._thread.join(timeout_s)
-        if self._returner.is_alive():
-            self._slot.put(None)
-            self._returner.join(timeout_s)
+        self._returner.close(timeout_s)
         if self._full is not None:
             self._full.close()
         self._device.shutdown(wait=False)
@@ -206,24 +201,14 @@ class Executor:
         )
         self.state = State.WORKING
 
-    def _new_returner(self) -> None:
-        self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
-        self._returner_error: BaseException | None = None
-        self._returner = threading.Thread(
-            target=self._return_loop,
-            args=(self._slot,),
-            name=f"tandem return {self.id}",
-            daemon=True,
-        )
-
     # The executor thread: IDLE waits on L2, WORKING claims or computes the batch in hand.
 
     def _run(self) -> None:
         batch: list[bytes] = []
         while not self._stop.is_set() or batch:
-            self._tick()
+            self.tick()
             try:
-                self._check_returner()
+                self._returner.check()
                 if batch:
                     batch = self._compute(batch)  # the next batch, if it took one meanwhile
                 elif self.state is State.IDLE:
@@ -250,8 +235,16 @@ class Executor:
                 if not self._restart(e):
                     return
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """A sign of progress, which the heartbeat reads (see stuck())."""
         self._ticked = time.monotonic()
+
+    def stored(self, done: Computed) -> None:
+        """The returner stored a batch's results."""
+        self.batches += 1
+        self.tasks += len(done.tasks)
+        self.failed += sum(task.error is not None for task in done.tasks)
+        self._in_a_row = 0
 
     def _resync(self, *, count: bool = False) -> None:
         """Rebuild from Redis: hand in-flight and L2 back through reclaim, register again."""
@@ -294,28 +287,18 @@ class Executor:
             exc_info=error if count else None,  # a bug's traceback; a returner logged its own
         )
         self._stop.wait(delay)  # backoff before the restart
-        self._tick()
-        if self._returner.is_alive():
-            self._slot.join()  # let it store the batch it holds
+        self.tick()
+        if self._returner.alive:
+            self._returner.drain()  # let it store the batch it holds
         else:
-            self._new_returner()
+            self._returner = Returner(self)
             self._returner.start()
         self._retry(lambda: self._resync(count=count))
         return True
 
-    def _check_returner(self) -> None:
-        if not self._returner.is_alive():
-            raise ExecutorCrashed(f"its returner stopped: {self._returner_error}")
-
-    def _retry(self, step, *, stoppable: bool = True, raise_refusals: bool = False):
-        """Run step until it succeeds, retrying Redis errors (tandem.broker.retry)."""
-        return retry(
-            step,
-            what=f"executor {self.id}",
-            stop=self._stop if stoppable else None,
-            each_try=self._tick,
-            raise_refusals=raise_refusals,
-        )
+    def _retry(self, step) -> None:
+        """Run step until it succeeds or the executor stops, retrying Redis errors."""
+        retry(step, what=f"executor {self.id}", stop=self._stop, each_try=self.tick)
 
     def _enter(self, state: State) -> None:
         if state != self.state:
@@ -372,14 +355,17 @@ class Executor:
         claimed_at = time.time()
         early = isinstance(batch, Early)
         tasks = self._top_up(
-            self._rechecked(batch.tasks) if early else self._checked(batch), early=early
+            self._prepare.recheck(batch.tasks, revocations=self.revocations)
+            if early
+            else self._checked(batch),
+            early=early,
         )
         ready = [n for n, task in enumerate(tasks) if task.error is None]
         suspect = bool(ready) and getattr(batch, "redelivered", False)
-        if suspect and self._returner.is_alive():
+        if suspect and self._returner.alive:
             # A suspect computes with nothing else in in-flight: if it kills the process,
             # the previous batch, stored by now, is not blamed with it.
-            self._slot.join()
+            self._returner.drain()
         outputs: dict[int, Any] = {}
         started_at = time.time()
         following: list[bytes] = []
@@ -389,7 +375,7 @@ class Executor:
             self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
             inputs = [tasks[n].inputs for n in ready]
             try:
-                computing = self._device.submit(self._forward, inputs)
+                computing = self._device.submit(forward, self.model, inputs)
                 if self.settings.pipeline and not suspect and not self._stop.is_set():
                     try:
                         following = self._prepare_next()
@@ -404,7 +390,7 @@ class Executor:
                 else:
                     outputs[n] = out
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
-        self._hand_over(done)
+        self._returner.hand_over(done)
         if failed is not None:
             raise failed
         return following
@@ -414,18 +400,6 @@ class Executor:
         computes alone) and prepare it. The executor stays WORKING."""
         claimed = self.table.claim(self.id, self.model_ref, self.max_batch)
         return Early(claimed, self._checked(claimed)) if claimed else []
-
-    def _rechecked(self, tasks: list[message.Task]) -> list[message.Task]:
-        """Tasks prepared while the last batch computed, checked again as it starts: a
-        revoke or a deadline may have come meanwhile."""
-        now = datetime.now(timezone.utc)
-        ids = [t.id for t in tasks if t.error is None and t.id]
-        revoked = self.table.revoked(ids) if self.revocations and ids else ()
-        for task in tasks:
-            if task.error is None and task.id in revoked:
-                task.error = Revoked(f"task {task.id} was revoked")
-            task.check_deadline(now)
-        return tasks
 
     def _top_up(self, tasks: list[message.Task], *, early: bool) -> list[message.Task]:
         """Fill the batch from L1 up to max_batch: a batch prepared early takes what
@@ -442,136 +416,5 @@ class Executor:
             early = False
         return tasks
 
-    def _hand_over(self, done: Computed) -> None:
-        """Put a computed batch in the return slot once the returner has room for it."""
-        while True:
-            self._check_returner()
-            try:
-                self._slot.put(done, timeout=0.1)
-                return
-            except queue.Full:
-                self._tick()  # waiting on a live returner is progress
-
-    def _checked(self, held: list[bytes]) -> list[message.Task]:
-        """Decode and check each message; a bad one gets its error set, nothing raised.
-        A revoked one gets Revoked, and is never computed."""
-        now = datetime.now(timezone.utc)
-        tasks = [message.decode(raw, max_bytes=self.settings.max_message_bytes) for raw in held]
-        revoked = self.table.revoked([t.id for t in tasks if t.id]) if self.revocations else ()
-        for task in tasks:
-            if task.id in revoked:
-                task.error = Revoked(f"task {task.id} was revoked")
-            self._check(task, now)
-        return tasks
-
-    def _check(self, task: message.Task, now: datetime) -> None:
-        if task.error is None and task.model != self.model_ref:
-            task.error = UnknownModel(
-                f"task asks for model {task.model!r} but queue serves {self.model_ref!r}"
-            )
-        task.check_deadline(now)
-        if task.error is None:
-            try:
-                task.inputs = self.model.validate(task.inputs)
-            except TandemError as e:
-                task.error = e
-            except Exception as e:  # noqa: BLE001 - a validator bug fails the task, not the executor
-                task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
-
-    def _forward(self, batch: list[Any]) -> tuple[list[Any], float, float | None]:
-        """On the device thread: the outputs, the wall ms, and the model's own GPU ms."""
-        started = time.perf_counter()
-        outputs = self._run_isolated(batch)
-        wall_ms = (time.perf_counter() - started) * 1000
-        return outputs, wall_ms, getattr(self.model, "last_device_ms", None)
-
-    def _run_isolated(self, batch: list[Any]) -> list[Any]:
-        """Run one forward pass; if it raises, bisect so only the offending tasks fail."""
-        try:
-            outputs = self.model.run(batch)
-            if len(outputs) != len(batch):
-                raise ModelError(f"returned {len(outputs)} outputs for {len(batch)} inputs")
-        except Exception as e:  # noqa: BLE001 - any model failure is isolated, not fatal
-            if len(batch) == 1:
-                error = ModelError(f"model raised {type(e).__name__}: {e}")
-                error.traceback = "".join(traceback.format_exception(e))
-                return [error]
-            mid = len(batch) // 2
-            return self._run_isolated(batch[:mid]) + self._run_isolated(batch[mid:])
-        return outputs
-
-    # The returner thread
-
-    def _return_loop(self, slot: queue.Queue[Computed | None]) -> None:
-        """Store each computed batch. It retries only disconnects (tandem.broker.retry): any
-        other error ends it, and the executor thread then restarts (a crash, never a stall)."""
-        while True:
-            done = slot.get()
-            try:
-                if done is None:
-                    return
-                self._store(done)
-            except Exception as e:  # noqa: BLE001 - reported to the executor thread
-                self._returner_error = e
-                log.error(
-                    "executor %s: storing results failed (%s: %s); the executor restarts "
-                    "and the batch's tasks go back through reclaim",
-                    self.id,
-                    type(e).__name__,
-                    e,
-                )
-                return
-            finally:
-                slot.task_done()
-
-    def _store(self, done: Computed) -> None:
-        """Store a batch's results; Celery canvas steps go before and after, as in Celery."""
-        canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and self.canvas]
-        for n, task in canvas:
-            self.canvas.before_store(task, done.outputs.get(n))
-        entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
-        done.stored_at = time.time()
-        counts = self._counters(done)
-        self._retry(
-            lambda: self.table.complete(self.id, entries, model=self.model_ref, counters=counts),
-            stoppable=False,
-            raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
-        )
-        for n, task in canvas:
-            self.canvas.after_store(task, done.outputs.get(n))
-        self.batches += 1
-        self.tasks += len(done.tasks)
-        self.failed += sum(task.error is not None for task in done.tasks)
-        self._in_a_row = 0
-        for hook in self.hooks:
-            try:
-                hook.batch_done(self, done)
-            except Exception:  # noqa: BLE001 - a hook never stops results flowing
-                log.exception("hook %s failed", type(hook).__name__)
-
-    def _counters(self, done: Computed) -> Counter:
-        """Every hook's metrics counters for this batch, stored with its results."""
-        counts: Counter = Counter()
-        for hook in self.hooks:
-            try:
-                counts.update(hook.counters(self, done))
-            except Exception:  # noqa: BLE001 - a hook never stops results flowing
-                log.exception("hook %s failed", type(hook).__name__)
-        return counts
-
-    def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
-        if task.id is None:
-            reason = f"{type(task.error).__name__}: {task.error}"
-            return task.raw, "", deadletter.record(task.raw, reason, model=self.model_ref)
-        extended = self._extended(task) if self.settings.result_extended else None
-        if isinstance(task.error, Revoked):
-            return task.raw, keys.result(task.id), results.revoked(task.id)
-        if task.error is not None:
-            return task.raw, keys.result(task.id), results.failure(task.id, task.error, extended)
-        return task.raw, keys.result(task.id), results.success(task.id, outputs[n], extended)
-
-    def _extended(self, task: message.Task) -> dict:
-        kwargs = {"model": task.model, "inputs": task.sent_inputs}
-        return results.extended(
-            message.TASK_NAME, kwargs, size=len(task.raw), worker=self.worker, queue=task.queue
-        )
+    def _checked(self, raws: list[bytes]) -> list[message.Task]:
+        return self._prepare.prepare(raws, revocations=self.revocations)

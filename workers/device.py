@@ -1,0 +1,35 @@
+"""The compute stage, on the executor's device thread: one forward pass over a batch's
+inputs, bisected when it raises so that only the offending tasks fail."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+from tandem.broker.errors import ModelError
+from tandem.workers.models import Model
+
+
+def forward(model: Model, batch: list[Any]) -> tuple[list[Any], float, float | None]:
+    """The outputs, the wall ms, and the model's own GPU ms (CUDA events), if it has one."""
+    started = time.perf_counter()
+    outputs = run_isolated(model, batch)
+    wall_ms = (time.perf_counter() - started) * 1000
+    return outputs, wall_ms, getattr(model, "last_device_ms", None)
+
+
+def run_isolated(model: Model, batch: list[Any]) -> list[Any]:
+    """Run one forward pass; if it raises, bisect so only the offending tasks fail."""
+    try:
+        outputs = model.run(batch)
+        if len(outputs) != len(batch):
+            raise ModelError(f"returned {len(outputs)} outputs for {len(batch)} inputs")
+    except Exception as e:  # noqa: BLE001 - any model failure is isolated, not fatal
+        if len(batch) == 1:
+            error = ModelError(f"model raised {type(e).__name__}: {e}")
+            error.traceback = "".join(traceback.format_exception(e))
+            return [error]
+        mid = len(batch) // 2
+        return run_isolated(model, batch[:mid]) + run_isolated(model, batch[mid:])
+    return outputs

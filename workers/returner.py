@@ -1,0 +1,161 @@
+"""The return stage, on the returner thread: store each computed batch's results (one
+complete.lua call, with the hooks' metrics counters), run Celery's canvas steps around
+it, and tell the hooks. The slot holds one batch, so batch N is stored while N+1
+computes. A store that fails ends the thread; the executor thread sees that and
+restarts, handing the batch's tasks back (a crash, never a stall)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from typing import Any, Protocol
+
+from tandem.broker import deadletter, keys, message, results
+from tandem.broker.errors import ExecutorCrashed, Revoked
+from tandem.broker.retry import retry
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
+from tandem.workers.canvas import Canvas
+from tandem.workers.computed import Computed
+from tandem.workers.hooks import Hook
+
+log = logging.getLogger("tandem.executor")
+
+
+class Owner(Protocol):
+    """What the returner reads of its executor."""
+
+    id: str
+    model_ref: str
+    worker: str
+    table: Table
+    settings: Settings
+    hooks: list[Hook]
+    canvas: Canvas | None
+
+    def tick(self) -> None: ...
+
+    def stored(self, done: Computed) -> None: ...
+
+
+class Returner:
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.error: BaseException | None = None
+        self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"tandem return {owner.id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def check(self) -> None:
+        """Raise ExecutorCrashed if the thread has ended (a store failed)."""
+        if not self.alive:
+            raise ExecutorCrashed(f"its returner stopped: {self.error}")
+
+    def hand_over(self, done: Computed) -> None:
+        """Put a computed batch in the slot once there is room for it."""
+        while True:
+            self.check()
+            try:
+                self._slot.put(done, timeout=0.1)
+                return
+            except queue.Full:
+                self.owner.tick()  # waiting on a live returner is progress
+
+    def drain(self) -> None:
+        """Wait until the batch in the slot, if any, is stored."""
+        self._slot.join()
+
+    def close(self, timeout_s: float) -> None:
+        """Store what the slot holds, then end the thread."""
+        if self.alive:
+            self._slot.put(None)
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        """Store each computed batch. It retries only disconnects (tandem.broker.retry): any
+        other error ends it, and the executor thread then restarts."""
+        while True:
+            done = self._slot.get()
+            try:
+                if done is None:
+                    return
+                self._store(done)
+            except Exception as e:  # noqa: BLE001 - reported to the executor thread
+                self.error = e
+                log.error(
+                    "executor %s: storing results failed (%s: %s); the executor restarts "
+                    "and the batch's tasks go back through reclaim",
+                    self.owner.id,
+                    type(e).__name__,
+                    e,
+                )
+                return
+            finally:
+                self._slot.task_done()
+
+    def _store(self, done: Computed) -> None:
+        """Store a batch's results; Celery canvas steps go before and after, as in Celery."""
+        owner = self.owner
+        canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and owner.canvas]
+        for n, task in canvas:
+            owner.canvas.before_store(task, done.outputs.get(n))
+        entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+        done.stored_at = time.time()
+        counts = self._counters(done)
+        retry(
+            lambda: owner.table.complete(owner.id, entries, model=owner.model_ref, counters=counts),
+            what=f"executor {owner.id}",
+            each_try=owner.tick,
+            raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
+        )
+        for n, task in canvas:
+            owner.canvas.after_store(task, done.outputs.get(n))
+        owner.stored(done)
+        for hook in owner.hooks:
+            try:
+                hook.batch_done(owner, done)
+            except Exception:  # noqa: BLE001 - a hook never stops results flowing
+                log.exception("hook %s failed", type(hook).__name__)
+
+    def _counters(self, done: Computed) -> Counter:
+        """Every hook's metrics counters for this batch, stored with its results."""
+        counts: Counter = Counter()
+        for hook in self.owner.hooks:
+            try:
+                counts.update(hook.counters(self.owner, done))
+            except Exception:  # noqa: BLE001 - a hook never stops results flowing
+                log.exception("hook %s failed", type(hook).__name__)
+        return counts
+
+    def _entry(self, n: int, task: message.Task, outputs: dict[int, Any]) -> tuple[bytes, str, str]:
+        model_ref = self.owner.model_ref
+        if task.id is None:
+            reason = f"{type(task.error).__name__}: {task.error}"
+            return task.raw, "", deadletter.record(task.raw, reason, model=model_ref)
+        extended = self._extended(task) if self.owner.settings.result_extended else None
+        if isinstance(task.error, Revoked):
+            return task.raw, keys.result(task.id), results.revoked(task.id)
+        if task.error is not None:
+            return task.raw, keys.result(task.id), results.failure(task.id, task.error, extended)
+        return task.raw, keys.result(task.id), results.success(task.id, outputs[n], extended)
+
+    def _extended(self, task: message.Task) -> dict:
+        kwargs = {"model": task.model, "inputs": task.sent_inputs}
+        return results.extended(
+            message.TASK_NAME,
+            kwargs,
+            size=len(task.raw),
+            worker=self.owner.worker,
+            queue=task.queue,
+        )
