@@ -24,7 +24,7 @@ from tandem.workers.bootstep import EXIT_UNHEALTHY
 
 @pytest.fixture
 def saboteur_repo(tmp_path) -> Path:
-    """A repository with saboteur:1 (producers/chaos.py)."""
+    """A repository with saboteur:1 (tools/chaos.py)."""
     return chaos.write_repository(tmp_path / "repo")
 
 

@@ -2,7 +2,7 @@
 restart.
 
 It runs its own Redis (AOF, appendfsync always), a coordinator and 3 workers serving
-sim, tiny and a saboteur model (producers/chaos.py). Every 60 s (and at the start) it
+sim, tiny and a saboteur model (tools/chaos.py). Every 60 s (and at the start) it
 submits one task that kills its worker and one that hangs it (compute_timeout_s 2 s); a
 supervisor restarts any worker that exits. At the end it prints what happened to every
 task whose submit returned.
