@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-COMPOSE = Path(__file__).parent.parent / "compose"
+ROOT = Path(__file__).parent.parent
+COMPOSE = ROOT / "compose"
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,17 @@ def test_each_command_exists(compose, service):
         return  # Flower's own options are Tornado's and not listed by --help
     for flag in [part.split("=")[0] for part in command[2:] if part.startswith("--")]:
         assert flag in done.stdout, f"{service}: {flag} is not an option"
+
+
+def test_the_image_copies_every_folder_the_package_maps():
+    """The Dockerfile installs from a copy of the tree: every folder pyproject.toml maps to
+    a tandem subpackage must be in it, or the image's `pip install .` misses a layer."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(config["tool"]["setuptools"]["package-dir"].values())
+    copied = {
+        line.split()[1]
+        for line in (COMPOSE / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and len(line.split()) == 3
+    }
+    assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
