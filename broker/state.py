@@ -1,8 +1,10 @@
-"""An executor's state, as the executor table stores it (docs/design.md, "States")."""
+"""An executor's state (docs/design.md, "Executor states"), and its row in the executor
+table as readers see it."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -18,3 +20,50 @@ class State(StrEnum):
     WAITING = "WAITING"  # L2 open; a batch fills until full or max_wait_ms
     WORKING = "WORKING"  # computing; L2 closed
     STOPPING = "STOPPING"  # finishing the batch in hand; L2 closed
+
+
+@dataclass(frozen=True)
+class ExecutorInfo:
+    """One row of the executor table, with its queue depths."""
+
+    id: str
+    model: str
+    worker: str
+    state: str
+    room: int  # how many more tasks its L2 takes now (the hash field `cap`)
+    max_batch: int
+    expires_ms: int
+    batches: int
+    tasks: int
+    l2_depth: int
+    inflight_depth: int
+
+    @property
+    def mean_batch(self) -> float:
+        return self.tasks / self.batches if self.batches else 0.0
+
+    @classmethod
+    def from_hash(
+        cls, executor_id: str, h: dict, l2_depth: int, inflight_depth: int
+    ) -> ExecutorInfo:
+        """From the executor's hash as HGETALL returns it (bytes); a missing number is 0."""
+
+        def get(name: str) -> str:
+            return h.get(name.encode(), b"").decode()
+
+        def num(name: str) -> int:
+            return int(float(get(name) or 0))
+
+        return cls(
+            id=executor_id,
+            model=get("model"),
+            worker=get("worker"),
+            state=get("state"),
+            room=num("cap"),
+            max_batch=num("max_batch"),
+            expires_ms=num("expires_ms"),
+            batches=num("batches"),
+            tasks=num("tasks"),
+            l2_depth=l2_depth,
+            inflight_depth=inflight_depth,
+        )

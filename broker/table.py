@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import redis
 
@@ -17,28 +16,7 @@ from tandem.broker.faults import Faults
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import State
-
-
-@dataclass(frozen=True)
-class ExecutorInfo:
-    """One row of the executor table, with its queue depths."""
-
-    id: str
-    model: str
-    worker: str
-    state: str
-    room: int  # how many more tasks its L2 takes now (the hash field `cap`)
-    max_batch: int
-    expires_ms: int
-    batches: int
-    tasks: int
-    l2_depth: int
-    inflight_depth: int
-
-    @property
-    def mean_batch(self) -> float:
-        return self.tasks / self.batches if self.batches else 0.0
+from tandem.broker.state import ExecutorInfo, State
 
 
 class Claimed(list):
@@ -393,7 +371,7 @@ class Table:
         for n, executor_id in enumerate(ids):
             h, l2_depth, inflight_depth = replies[3 * n : 3 * n + 3]
             if h:
-                rows.append(_info(executor_id, h, l2_depth, inflight_depth))
+                rows.append(ExecutorInfo.from_hash(executor_id, h, l2_depth, inflight_depth))
         return rows
 
     def lapsed(self, now_ms: int, limit: int = 1000) -> list[tuple[str, str]]:
@@ -426,28 +404,6 @@ class Table:
             for key in keys.l1_keys(model):
                 pipe.llen(key)
             return sum(pipe.execute())
-
-
-def _info(executor_id: str, h: dict, l2_depth: int, inflight_depth: int) -> ExecutorInfo:
-    def get(name: str) -> str:
-        return h.get(name.encode(), b"").decode()
-
-    def num(name: str) -> int:
-        return int(float(get(name) or 0))
-
-    return ExecutorInfo(
-        id=executor_id,
-        model=get("model"),
-        worker=get("worker"),
-        state=get("state"),
-        room=num("cap"),
-        max_batch=num("max_batch"),
-        expires_ms=num("expires_ms"),
-        batches=num("batches"),
-        tasks=num("tasks"),
-        l2_depth=l2_depth,
-        inflight_depth=inflight_depth,
-    )
 
 
 def convert_error(e: redis.ResponseError) -> Exception:

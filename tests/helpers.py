@@ -12,7 +12,8 @@ from typing import TypeVar
 import redis
 from celery import Celery
 
-from tandem.broker.table import ExecutorInfo, Table
+from tandem.broker.state import ExecutorInfo
+from tandem.broker.table import Table
 
 T = TypeVar("T")
 
