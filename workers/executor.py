@@ -49,14 +49,6 @@ from tandem.workers.returner import Returner
 log = logging.getLogger("tandem.executor")
 
 
-class Early(list):
-    """Messages claimed while the previous batch computed, with their prepared tasks."""
-
-    def __init__(self, raw: list[bytes], tasks: list[message.Task]) -> None:
-        super().__init__(raw)
-        self.tasks = tasks
-
-
 class Executor:
     def __init__(
         self,
@@ -101,7 +93,9 @@ class Executor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._returner = Returner(self)
-        self._prepare = Preparer(model_ref, model, table, settings.max_message_bytes)
+        self._prepare = Preparer(
+            self.id, model_ref, model, table, self.max_batch, settings.max_message_bytes
+        )
 
     def __repr__(self) -> str:
         return (
@@ -353,13 +347,7 @@ class Executor:
         device thread. Meanwhile, with the pipeline on, claim the next batch from L1 and
         prepare it (the pair of second-level sets). Returns that next batch, or []."""
         claimed_at = time.time()
-        early = isinstance(batch, Early)
-        tasks = self._top_up(
-            self._prepare.recheck(batch.tasks, revocations=self.revocations)
-            if early
-            else self._checked(batch),
-            early=early,
-        )
+        tasks = self._prepare.batch(batch, revocations=self.revocations)
         ready = [n for n, task in enumerate(tasks) if task.error is None]
         suspect = bool(ready) and getattr(batch, "redelivered", False)
         if suspect and self._returner.alive:
@@ -378,7 +366,7 @@ class Executor:
                 computing = self._device.submit(forward, self.model, inputs)
                 if self.settings.pipeline and not suspect and not self._stop.is_set():
                     try:
-                        following = self._prepare_next()
+                        following = self._prepare.early(revocations=self.revocations)
                     except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
                         failed = e
                 computed, compute_ms, device_ms = computing.result()
@@ -394,27 +382,3 @@ class Executor:
         if failed is not None:
             raise failed
         return following
-
-    def _prepare_next(self) -> list[bytes]:
-        """While a batch computes: claim up to max_batch from L1 (never a retry task, which
-        computes alone) and prepare it. The executor stays WORKING."""
-        claimed = self.table.claim(self.id, self.model_ref, self.max_batch)
-        return Early(claimed, self._checked(claimed)) if claimed else []
-
-    def _top_up(self, tasks: list[message.Task], *, early: bool) -> list[message.Task]:
-        """Fill the batch from L1 up to max_batch: a batch prepared early takes what
-        arrived while the last one computed; any batch refills the slots of tasks that
-        failed before compute (expired, bad input). Never from the retry list."""
-        ready = sum(task.error is None for task in tasks)
-        while ready < self.max_batch and (early or len(tasks) > ready):
-            more = self.table.claim(self.id, self.model_ref, self.max_batch - ready)
-            if not more:
-                break
-            checked = self._checked(more)
-            tasks = tasks + checked
-            ready += sum(task.error is None for task in checked)
-            early = False
-        return tasks
-
-    def _checked(self, raws: list[bytes]) -> list[message.Task]:
-        return self._prepare.prepare(raws, revocations=self.revocations)

@@ -1,6 +1,7 @@
-"""The prepare stage, on the executor thread: decode each claimed message, check it (its
-model, its deadline, a revocation) and validate its inputs. A bad task gets its error
-set; nothing is raised, so one bad message never stops a batch."""
+"""The prepare stage, on the executor thread: claim a batch's messages, decode each, check
+it (its model, its deadline, a revocation) and validate its inputs. A bad task gets its
+error set; nothing is raised, so one bad message never stops a batch. With the pipeline
+on, the next batch is claimed and prepared early, while the last one computes."""
 
 from __future__ import annotations
 
@@ -12,12 +13,46 @@ from tandem.broker.table import Table
 from tandem.workers.models import Model
 
 
+class Early(list):
+    """Messages claimed while the previous batch computed, with their prepared tasks."""
+
+    def __init__(self, raw: list[bytes], tasks: list[message.Task]) -> None:
+        super().__init__(raw)
+        self.tasks = tasks
+
+
 class Preparer:
-    def __init__(self, model_ref: str, model: Model, table: Table, max_bytes: int) -> None:
+    def __init__(
+        self,
+        executor_id: str,
+        model_ref: str,
+        model: Model,
+        table: Table,
+        max_batch: int,
+        max_bytes: int,
+    ) -> None:
+        self.executor_id = executor_id
         self.model_ref = model_ref
         self.model = model
         self.table = table
+        self.max_batch = max_batch
         self.max_bytes = max_bytes
+
+    def batch(self, batch: list[bytes], *, revocations: bool) -> list[message.Task]:
+        """The tasks of the batch in hand, prepared (or, if prepared early, checked
+        again) and topped up from L1."""
+        if isinstance(batch, Early):
+            tasks = self.recheck(batch.tasks, revocations=revocations)
+            return self._top_up(tasks, early=True, revocations=revocations)
+        return self._top_up(
+            self.prepare(batch, revocations=revocations), early=False, revocations=revocations
+        )
+
+    def early(self, *, revocations: bool) -> list[bytes]:
+        """While a batch computes: claim up to max_batch from L1 (never a retry task, which
+        computes alone) and prepare it. The executor stays WORKING."""
+        claimed = self.table.claim(self.executor_id, self.model_ref, self.max_batch)
+        return Early(claimed, self.prepare(claimed, revocations=revocations)) if claimed else []
 
     def prepare(self, raws: list[bytes], *, revocations: bool) -> list[message.Task]:
         """Decode and check each message. With revocations (Redis may hold revoke
@@ -41,6 +76,23 @@ class Preparer:
             if task.error is None and task.id in revoked:
                 task.error = Revoked(f"task {task.id} was revoked")
             task.check_deadline(now)
+        return tasks
+
+    def _top_up(
+        self, tasks: list[message.Task], *, early: bool, revocations: bool
+    ) -> list[message.Task]:
+        """Fill the batch from L1 up to max_batch: a batch prepared early takes what
+        arrived while the last one computed; any batch refills the slots of tasks that
+        failed before compute (expired, bad input). Never from the retry list."""
+        ready = sum(task.error is None for task in tasks)
+        while ready < self.max_batch and (early or len(tasks) > ready):
+            more = self.table.claim(self.executor_id, self.model_ref, self.max_batch - ready)
+            if not more:
+                break
+            checked = self.prepare(more, revocations=revocations)
+            tasks = tasks + checked
+            ready += sum(task.error is None for task in checked)
+            early = False
         return tasks
 
     def _check(self, task: message.Task, now: datetime) -> None:
