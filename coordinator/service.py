@@ -141,7 +141,8 @@ class Coordinator:
                     self.table.reclaim(executor_id, model, force=True, count=True)
 
     def relay(self, block_ms: int = 0) -> int:
-        """Publish each new state change from the stream on the state channel, in order."""
+        """Publish each new state change from the stream on the state channel, in order;
+        returns how many. An entry the scripts could not have written is dropped."""
         last = self.redis.get(keys.RELAYED)
         if last is None:  # first run: relay from now on
             newest = self.redis.xrevrange(keys.STATE_STREAM, count=1)
@@ -150,16 +151,30 @@ class Coordinator:
         replies = self.redis.xread({keys.STATE_STREAM: last}, count=1000, block=block_ms or None)
         if not replies:
             return 0
-        entries = replies[0][1]
+        entries, published = replies[0][1], 0
         with self.redis.pipeline(transaction=False) as pipe:
-            for _entry_id, fields in entries:
-                change = {k.decode(): v.decode() for k, v in fields.items()}
-                change["ms"] = int(change.get("ms", 0))
+            for entry_id, fields in entries:
+                change = state_change(fields)
+                if change is None:
+                    log.warning("dropped state change %s: not what the scripts write", entry_id)
+                    continue
                 pipe.publish(keys.STATE_CHANNEL, json.dumps(change))
+                published += 1
             pipe.set(keys.RELAYED, entries[-1][0])
             pipe.execute()
-        self.relayed += len(entries)
-        return len(entries)
+        self.relayed += published
+        return published
+
+
+def state_change(fields: dict) -> dict | None:
+    """A stream entry as the state channel's JSON carries it; None unless its fields are
+    UTF-8 and its `ms` an integer, as the scripts write them."""
+    try:
+        change = {k.decode(): v.decode() for k, v in fields.items()}
+        change["ms"] = int(change.get("ms", 0))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return change
 
 
 def _safe(url: str) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import threading
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from helpers import wait_until
 from tandem.broker import deadletter, keys, message
 from tandem.broker.table import Table
-from tandem.coordinator.service import Coordinator
+from tandem.coordinator.service import Coordinator, state_change
 
 MODEL = "m:1"
 
@@ -129,6 +132,37 @@ def test_relay_publishes_every_change_in_order(settings, r):
         ("a", MODEL, "GONE"),
     ]
     pubsub.close()
+
+
+def test_a_hostile_state_change_is_dropped_and_the_rest_relayed(settings, r):
+    """Bytes in the stream that no script writes (not UTF-8, a non-integer ms) are dropped
+    with a warning; the changes around them are relayed and the relay moves past them."""
+    table = Table(r)
+    coordinator = Coordinator(settings, r)
+    coordinator.relay()  # start from now
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.STATE_CHANNEL)
+    table.register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    r.xadd(keys.STATE_STREAM, {b"executor": b"\xff\xfe", b"state": b"IDLE"})
+    r.xadd(keys.STATE_STREAM, {b"executor": b"b", b"ms": b"soon"})
+    table.reclaim("a", MODEL, force=True)
+    assert coordinator.relay() == 2
+    assert coordinator.relay() == 0
+    states = [
+        json.loads(wait_until(lambda: pubsub.get_message(timeout=1), 10)["data"])["state"]
+        for _ in range(2)
+    ]
+    assert states == ["WORKING", "GONE"]
+    pubsub.close()
+
+
+@given(st.dictionaries(st.binary(max_size=12), st.binary(max_size=12), max_size=6))
+def test_state_change_takes_any_fields(fields):
+    change = state_change(fields)
+    if change is not None:
+        assert isinstance(change["ms"], int)
+        assert all(isinstance(k, str) for k in change)
+        json.dumps(change)
 
 
 def test_run_stops_cleanly(settings, r):

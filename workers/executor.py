@@ -28,11 +28,7 @@ from typing import Any
 import redis
 
 from tandem.broker import message
-from tandem.broker.errors import (
-    ExecutorCrashed,
-    ExecutorGone,
-    ModelError,
-)
+from tandem.broker.errors import ExecutorCrashed, ExecutorGone, ModelError
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
