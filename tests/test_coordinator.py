@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -113,47 +114,49 @@ def test_a_task_that_takes_down_max_deliveries_executors_is_buried(settings, r):
     assert coordinator.bury() == 0
 
 
-def test_relay_publishes_every_change_in_order(settings, r):
-    table = Table(r)
+@pytest.fixture
+def relaying(settings, r):
+    """A coordinator relaying from now, a subscriber to the state channel, and executor
+    "a" registered (its WORKING change is the first to relay)."""
     coordinator = Coordinator(settings, r)
     coordinator.relay()  # start from now
     pubsub = r.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(keys.STATE_CHANNEL)
-    table.register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    Table(r).register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    yield coordinator, pubsub
+    pubsub.close()
+
+
+def published(pubsub, n: int) -> list[dict]:
+    return [
+        json.loads(wait_until(lambda: pubsub.get_message(timeout=1), 10)["data"]) for _ in range(n)
+    ]
+
+
+def test_relay_publishes_every_change_in_order(relaying, r):
+    coordinator, pubsub = relaying
+    table = Table(r)
     table.claim_or_idle("a", MODEL, 4)
     table.reclaim("a", MODEL, force=True)
     assert coordinator.relay() == 3
-    changes = [
-        json.loads(wait_until(lambda: pubsub.get_message(timeout=1), 10)["data"]) for _ in range(3)
-    ]
+    changes = published(pubsub, 3)
     assert [(c["executor"], c["model"], c["state"]) for c in changes] == [
         ("a", MODEL, "WORKING"),
         ("a", MODEL, "IDLE"),
         ("a", MODEL, "GONE"),
     ]
-    pubsub.close()
 
 
-def test_a_hostile_state_change_is_dropped_and_the_rest_relayed(settings, r):
+def test_a_hostile_state_change_is_dropped_and_the_rest_relayed(relaying, r):
     """Bytes in the stream that no script writes (not UTF-8, a non-integer ms) are dropped
     with a warning; the changes around them are relayed and the relay moves past them."""
-    table = Table(r)
-    coordinator = Coordinator(settings, r)
-    coordinator.relay()  # start from now
-    pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.STATE_CHANNEL)
-    table.register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    coordinator, pubsub = relaying
     r.xadd(keys.STATE_STREAM, {b"executor": b"\xff\xfe", b"state": b"IDLE"})
     r.xadd(keys.STATE_STREAM, {b"executor": b"b", b"ms": b"soon"})
-    table.reclaim("a", MODEL, force=True)
+    Table(r).reclaim("a", MODEL, force=True)
     assert coordinator.relay() == 2
     assert coordinator.relay() == 0
-    states = [
-        json.loads(wait_until(lambda: pubsub.get_message(timeout=1), 10)["data"])["state"]
-        for _ in range(2)
-    ]
-    assert states == ["WORKING", "GONE"]
-    pubsub.close()
+    assert [c["state"] for c in published(pubsub, 2)] == ["WORKING", "GONE"]
 
 
 @given(st.dictionaries(st.binary(max_size=12), st.binary(max_size=12), max_size=6))
