@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -50,7 +51,9 @@ class Main(click.Group):
         return command
 
 
+@functools.cache
 def _plugged() -> dict:
+    """The plugged commands' entry points, read once (`tandem --help` asks for each)."""
     from importlib.metadata import entry_points
 
     return {ep.name: ep for ep in entry_points(group="tandem.commands")}
