@@ -142,10 +142,10 @@ def requeue(table, letter: DeadLetter) -> str:
     if not letter.model:
         raise TandemError("it names no model")
     try:
-        l1_key = keys.l1(letter.model)
+        keys.parse_model(letter.model)
     except ValueError as e:
         raise TandemError(str(e)) from e
     table.redis.delete(keys.deliveries(letter.raw))
-    chosen = table.route(letter.model, letter.raw, l1_key=l1_key)
+    chosen = table.route(letter.model, letter.raw)
     table.redis.lrem(keys.DEAD, 1, letter.stored)
     return f"L2 of {chosen}" if chosen else f"L1 of {letter.model}"

@@ -20,7 +20,21 @@ class QueueFull(TandemError):
 
 
 class DeadlineExceeded(TandemError):
-    """The task expired before an executor could compute it."""
+    """The task expired, or would have finished after its deadline, before an executor
+    computed it; it never computed."""
+
+
+class Overloaded(TandemError):
+    """Refused at submit: the predicted wait in L1 already passes the task's deadline.
+
+    `wait_s` is the predicted time to the task's result, `deadline_s` the time it had
+    left, `ahead` the tasks that waited before it. Nothing was enqueued."""
+
+    def __init__(self, message: str, *, wait_s: float, deadline_s: float, ahead: int) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+        self.deadline_s = deadline_s
+        self.ahead = ahead
 
 
 class Revoked(TandemError):

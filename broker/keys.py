@@ -18,6 +18,8 @@ PRIORITY_SEP = "\x06\x16"
 MODELS = "tandem:models"
 #: HASH model -> bound on its L1 length (max_queue), set by its workers; absent = unbounded.
 MAX_QUEUE = "tandem:max_queue"
+#: HASH model -> its default deadline in ms (slo_ms), set by its workers; absent = none.
+SLO = "tandem:slo"
 #: HASH of counters: redelivered (tasks reclaims moved back), duplicates (results kept).
 STATS = "tandem:stats"
 #: STREAM of executor state changes, written by the scripts, relayed by the coordinator.
@@ -43,7 +45,8 @@ RELAYED = "tandem:coordinator:relayed"
 RESULT_PREFIX = "celery-task-meta-"
 #: HASH per executor: model, worker, state, cap (its room: how many more tasks its L2
 #: takes now, 0 unless IDLE or WAITING), max_batch, expires_ms, batches, tasks,
-#: and `ready`, the key of its model's ready set.
+#: `ready`, the key of its model's ready set, and its latency model (base_ms,
+#: per_item_ms, margin_ms, rate, lag_ms; see speed()).
 EXECUTOR_PREFIX = "tandem:executor:"
 #: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.
 L2_PREFIX = "tandem:l2:"
@@ -132,6 +135,15 @@ def full(executor_id: str) -> str:
 def deliveries(raw: bytes) -> str:
     """LIST of the executors that died holding this message (reclaim.lua's own naming)."""
     return DELIVERIES_PREFIX + hashlib.sha1(raw).hexdigest()  # noqa: S324 - a name, not a MAC
+
+
+def speed(model: str) -> str:
+    """HASH of the model's speed over its live executors, kept by the scripts from each
+    executor's latency model: rate (tasks/s at full batches, summed), rate_lag (the sum
+    of rate x lag_ms, where lag_ms is the time from a claim to the stored result) and
+    rate_batch (the sum of rate x max_batch). route.lua predicts L1 waits from it."""
+    parse_model(model)
+    return f"tandem:speed:{model}"
 
 
 def metrics(model: str) -> str:

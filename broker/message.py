@@ -43,6 +43,10 @@ class Task:
     inputs: Any = None
     expires: datetime | None = None
     sent_at: float | None = None  # epoch seconds, from tandem producers only
+    priority: int = 0  # 0 (first) to 9, from the message's properties
+    #: When its answer is worth nothing any more, epoch seconds: `expires`, else its send
+    #: time plus the model's SLO (set by the executor); None when it has neither.
+    deadline: float | None = None
     queue: str | None = None  # the routing key it was published with
     sent_inputs: Any = None  # inputs as decoded, before the model's validate()
     #: Celery canvas fields (callbacks, errbacks, chain, chord, group, group_index,
@@ -51,8 +55,15 @@ class Task:
     error: TandemError | None = field(default=None)
 
     def check_deadline(self, now: datetime) -> None:
-        if self.error is None and self.expires is not None and self.expires <= now:
-            self.error = DeadlineExceeded(f"task expired at {self.expires.isoformat()}")
+        """Fail the task unrun if its expires, or its SLO deadline, has passed."""
+        if self.error is not None:
+            return
+        if self.expires is not None:
+            if self.expires <= now:
+                self.error = DeadlineExceeded(f"task expired at {self.expires.isoformat()}")
+        elif self.deadline is not None and self.deadline <= now.timestamp():
+            when = datetime.fromtimestamp(self.deadline, timezone.utc).isoformat()
+            self.error = DeadlineExceeded(f"task expired at {when} (its model's SLO)")
 
 
 def encode(
@@ -198,6 +209,7 @@ def _body(task: Task, envelope: dict) -> Any:
     properties = envelope.get("properties", {})
     if not isinstance(properties, dict):
         raise BadInput("malformed envelope: properties must be a JSON object")
+    task.priority = _priority(properties.get("priority"))
     info = properties.get("delivery_info")
     if isinstance(info, dict) and isinstance(info.get("routing_key"), str):
         task.queue = info["routing_key"]
@@ -310,6 +322,13 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
             for child in (item.values() if isinstance(item, dict) else item)
             if isinstance(child, nested)
         ]
+
+
+def _priority(value: Any) -> int:
+    """The message's priority, 0-9 as kombu orders them; anything else counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return min(max(value, 0), 9)
 
 
 def _sent_at(value: Any) -> float | None:

@@ -1,9 +1,12 @@
 """The metrics schema: what executors record in Redis per batch, and how.
 
 Each model has one hash, keys.metrics(model), with counters that only grow:
-``route:L1`` and ``route:L2`` (route.lua), and from each batch (complete.lua, with the
-counters the executor's hooks give) ``outcome:SUCCESS|FAILURE``,
-``failure:<reason>``, and per histogram ``<name>:<bucket>`` (non-cumulative),
+``route:L1`` and ``route:L2`` (route.lua), ``shed:submit`` (tasks route.lua refused as
+Overloaded), and from each batch (complete.lua, with the counters the executor's hooks
+give) ``outcome:SUCCESS|FAILURE``, ``failure:<reason>`` (``failure:DeadlineExceeded``
+counts the tasks shed at claim), ``deadline:met`` (successes stored by their deadline,
+or with none: the goodput), ``deadline:missed`` (successes stored after it), and per
+histogram ``<name>:<bucket>`` (non-cumulative),
 ``<name>:sum`` and ``<name>:count``. The coordinator's exporter serves them to Prometheus.
 """
 

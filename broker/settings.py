@@ -47,6 +47,13 @@ class Settings:
     result_expires_s: int = 86400
     #: Bound on each model's L1 length; 0 means unbounded.
     max_queue: int = 0
+    #: Default deadline of each task, from its submit: a task without its own deadline
+    #: (deadline_s, Celery's expires) must be answered within this. 0: no default.
+    slo_ms: float = 0.0
+    #: Shed by prediction: refuse at submit (Overloaded) and fail at claim
+    #: (DeadlineExceeded) each task that the executors' latency model says would finish
+    #: after its deadline. Off: only tasks already past their deadline fail unrun.
+    deadline_aware: bool = True
     #: Largest message an executor accepts.
     max_message_bytes: int = 16 * 1024 * 1024
     #: A task whose executor died holding it this many times is quarantined (PoisonMessage).
@@ -102,6 +109,7 @@ class Settings:
             "metrics_port": 0,
             "result_expires_s": 1,
             "max_queue": 0,
+            "slo_ms": 0,
             "max_message_bytes": 1024,
             "max_deliveries": 1,
             "compute_timeout_s": 0,

@@ -1,5 +1,5 @@
-"""An executor's state (docs/design.md, "Executor states"), and its row in the executor
-table as readers see it."""
+"""An executor's state (docs/design.md, "Executor states"), its row in the executor
+table as readers see it, and the speed it publishes (its latency model)."""
 
 from __future__ import annotations
 
@@ -66,4 +66,27 @@ class ExecutorInfo:
             tasks=num("tasks"),
             l2_depth=l2_depth,
             inflight_depth=inflight_depth,
+        )
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What an executor publishes of its latency model. Units are in the names; rate is
+    tasks per second at full batches, lag_ms the time from a claim from L1 under load to
+    the stored result."""
+
+    base_ms: float
+    per_item_ms: float
+    margin_ms: float
+    rate: float
+    lag_ms: float
+    max_batch: int
+
+    def close_to(self, other: Speed | None, tolerance: float = 0.02) -> bool:
+        """Within `tolerance` (relative) of other in rate and lag: not worth republishing."""
+        if other is None:
+            return False
+        return all(
+            abs(a - b) <= tolerance * max(abs(b), 1e-9)
+            for a, b in ((self.rate, other.rate), (self.lag_ms, other.lag_ms))
         )

@@ -6,17 +6,24 @@ All writes go through the atomic scripts in broker/scripts.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 
 import redis
 
 from tandem.broker import keys
-from tandem.broker.errors import BrokerUnavailable, ExecutorGone, QueueFull, UnknownModel
+from tandem.broker.errors import (
+    BrokerUnavailable,
+    ExecutorGone,
+    Overloaded,
+    QueueFull,
+    UnknownModel,
+)
 from tandem.broker.faults import Faults
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import ExecutorInfo, State
+from tandem.broker.state import ExecutorInfo, Speed, State
 
 
 class Claimed(list):
@@ -37,13 +44,27 @@ def _claimed(reply: list) -> Claimed:
 ROUTE_CHUNK = 256
 
 
-def _routed(model: str, reply: bytes | int) -> str | None | QueueFull:
-    """One message's route reply: an executor id, 0 (L1), or -depth (refused)."""
+def _routed(model: str, reply: bytes | int | list) -> str | None | QueueFull | Overloaded:
+    """One message's route reply: an executor id, 0 (L1), -depth (refused: L1 is full),
+    or [wait ms, tasks ahead, ms left] (refused: the wait passes its deadline)."""
     if isinstance(reply, bytes):
         return reply.decode()
+    if isinstance(reply, list):
+        wait_ms, ahead, left_ms = reply
+        return Overloaded(
+            f"{model} is overloaded: the predicted wait is {wait_ms} ms ({ahead} tasks "
+            f"ahead), past the task's deadline in {left_ms} ms; nothing was enqueued",
+            wait_s=wait_ms / 1000,
+            deadline_s=left_ms / 1000,
+            ahead=ahead,
+        )
     if reply < 0:
         return QueueFull(f"{model} has {-reply} tasks waiting")
     return None
+
+
+#: Refusals route_many may return for a message instead of a route.
+Refused = (QueueFull, Overloaded)
 
 
 def _ms(seconds: int, micros: int) -> int:
@@ -81,27 +102,36 @@ class Table:
 
     # Producers
 
-    def route(self, model: str, message: str, *, l1_key: str) -> str | None:
+    def route(
+        self, model: str, message: str, *, priority: int = 0, deadline: float | None = None
+    ) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1.
-        Raises UnknownModel, QueueFull or BrokerUnavailable."""
-        (reply,) = self.route_many(model, [message], l1_key=l1_key)
+        Raises UnknownModel, QueueFull, Overloaded or BrokerUnavailable."""
+        (reply,) = self.route_many(model, [message], priority=priority, deadline=deadline)
         if isinstance(reply, Exception):
             raise reply
         return reply
 
     def route_many(
-        self, model: str, messages: Sequence[str], *, l1_key: str, chunk: int = ROUTE_CHUNK
-    ) -> list[str | None | QueueFull]:
-        """Enqueue messages of one model, each by the two-level rule, one script call (one
-        round trip) per `chunk` of them. One reply per message: the executor id, None for
-        L1, or the QueueFull that refused it. Raises UnknownModel or BrokerUnavailable,
-        with `.routed`: the replies of the earlier chunks, which were enqueued."""
-        out: list[str | None | QueueFull] = []
+        self,
+        model: str,
+        messages: Sequence[str],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
+        chunk: int = ROUTE_CHUNK,
+    ) -> list[str | None | QueueFull | Overloaded]:
+        """Enqueue messages of one model and priority, each by the two-level rule, one
+        script call (one round trip) per `chunk` of them. deadline: epoch s, for all of
+        them; None takes the model's SLO, if it has one. One reply per message: the
+        executor id, None for L1, or the QueueFull or Overloaded that refused it. Raises
+        UnknownModel or BrokerUnavailable, with `.routed`: the replies of the earlier
+        chunks, which were enqueued."""
+        out: list[str | None | QueueFull | Overloaded] = []
         for start in range(0, len(messages), chunk):
+            call = self._route_call(model, messages[start : start + chunk], priority, deadline)
             try:
-                replies = self.scripts.route(
-                    **self._route_call(model, messages[start : start + chunk], l1_key)
-                )
+                replies = self.scripts.route(**call)
             except redis.ResponseError as e:
                 raise _partial(convert_error(e), out) from e
             except redis.ConnectionError as e:
@@ -110,20 +140,36 @@ class Table:
         return out
 
     def route_on(
-        self, pipe: redis.client.Pipeline, model: str, messages: Sequence[str], *, l1_key: str
+        self,
+        pipe: redis.client.Pipeline,
+        model: str,
+        messages: Sequence[str],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
     ) -> None:
         """Queue one route call for `messages` on a pipeline (see route.lua's reply)."""
-        self.scripts.route(**self._route_call(model, messages, l1_key), client=pipe)
+        self.scripts.route(**self._route_call(model, messages, priority, deadline), client=pipe)
 
     @staticmethod
-    def _route_call(model: str, messages: Sequence[str], l1_key: str) -> dict:
+    def _route_call(
+        model: str, messages: Sequence[str], priority: int, deadline: float | None
+    ) -> dict:
+        l1_keys = keys.l1_keys(model)
+        target = keys.l1_for_priority(model, priority)
+        # ms left, measured against the clock of this host just before the call; route.lua
+        # counts them from its own clock, so hosts need not agree on the time.
+        left_ms = -1 if deadline is None else max(0.0, (deadline - time.time()) * 1000)
         return {
             "keys": [
                 keys.ready(model),
                 keys.MODELS,
-                l1_key,
-                *keys.l1_keys(model),
+                target,
                 keys.STATE_STREAM,
+                keys.retry(model),
+                keys.speed(model),
+                keys.SLO,
+                *l1_keys,
             ],
             "args": [
                 model,
@@ -132,6 +178,8 @@ class Table:
                 keys.MAX_QUEUE,
                 keys.metrics(model),
                 keys.FULL_PREFIX,
+                left_ms,
+                l1_keys.index(target) + 1,
                 *messages,
             ],
         }
@@ -156,8 +204,10 @@ class Table:
         max_wait_ms: float,
         pid: int,
         max_queue: int = 0,
+        slo_ms: float = 0,
     ) -> None:
-        """Register an executor (WORKING, no capacity) and set its model's L1 bound."""
+        """Register an executor (WORKING, no capacity, no rate) and set its model's L1
+        bound and SLO."""
         script_keys = [
             keys.executor(executor_id),
             keys.executors(model),
@@ -165,6 +215,7 @@ class Table:
             keys.STATE_STREAM,
             keys.STATS,
             keys.DEADLINES,
+            keys.speed(model),
         ]
         args = [
             executor_id,
@@ -177,6 +228,8 @@ class Table:
             max_queue,
             keys.MAX_QUEUE,
             keys.ready(model),
+            slo_ms,
+            keys.SLO,
         ]
         self._step("register", lambda: self.scripts.register(keys=script_keys, args=args))
 
@@ -225,9 +278,14 @@ class Table:
         reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
         return None if reply[0] == 2 else _claimed(reply)
 
-    def set_state(self, executor_id: str, state: State) -> int:
+    def unclaim(self, executor_id: str, model: str, raws: Sequence[bytes]) -> int:
+        """Hand claimed, unstarted tasks back to the head of L1, in the order given."""
+        script_keys = [keys.inflight(executor_id), *keys.l1_keys(model)]
+        return self._call("unclaim", script_keys, list(raws))
+
+    def set_state(self, executor_id: str, model: str, state: State) -> int:
         """Record WAITING or STOPPING; returns the executor's capacity after it."""
-        script_keys = [keys.executor(executor_id), keys.STATE_STREAM]
+        script_keys = [keys.executor(executor_id), keys.STATE_STREAM, keys.speed(model)]
         return self._call("state", script_keys, [executor_id, state.value])
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
@@ -249,15 +307,23 @@ class Table:
         *,
         model: str = "",
         counters: Mapping[str, float] | None = None,
+        speed: Speed | None = None,
     ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id.
-        counters: the batch's metrics, added to the model's metrics hash in the same step."""
+        counters: the batch's metrics, added to the model's metrics hash in the same step.
+        speed: the executor's latency model, published with them (needs `model`)."""
         s = self.settings
         counters = counters or {}
         args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s, len(counters)]
         for field, value in counters.items():
             args.extend((field, value))
+        if speed is None:
+            args.extend(("", 0, 0, 0, 0))
+        else:
+            args.extend(
+                (speed.rate, speed.lag_ms, speed.base_ms, speed.per_item_ms, speed.margin_ms)
+            )
         for entry in entries:
             args.extend(entry)
         script_keys = [
@@ -265,7 +331,8 @@ class Table:
             keys.executor(executor_id),
             keys.DEAD,
             keys.STATS,
-            *([keys.metrics(model)] if counters else []),
+            keys.metrics(model),
+            *([keys.speed(model)] if speed is not None else []),
         ]
         return self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
 
@@ -288,6 +355,7 @@ class Table:
             keys.POISON,
             *keys.l1_keys(model),
             keys.DEADLINES,
+            keys.speed(model),
         ]
         args = [
             executor_id,

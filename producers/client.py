@@ -66,22 +66,22 @@ class Client:
         task_id: str | None = None,
         binary: bool | None = None,
     ) -> TandemResult:
-        """Enqueue one task. Raises UnknownModel, BadInput, QueueFull or BrokerUnavailable.
+        """Enqueue one task. Raises UnknownModel, BadInput, QueueFull, Overloaded or
+        BrokerUnavailable.
 
         model: NAME:VERSION; NAME:latest picks the highest version with a live executor.
         priority: 0 (served first) to 9, as kombu's Redis transport orders them.
-        deadline_s: seconds from now after which the task fails unrun.
+        deadline_s: seconds from now after which the answer is worth nothing: the task
+            fails unrun (DeadlineExceeded) if it would finish later, and submit raises
+            Overloaded at once if the predicted wait already passes it. None takes the
+            model's SLO (slo_ms), if it has one.
         binary: send the tensor payload instead of JSON; by default, when inputs hold
             torch tensors or numpy arrays.
         """
         model = self.resolve(model)
         expires = _expires(deadline_s)
         task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
-        executor = self.table.route(
-            model,
-            envelope,
-            l1_key=keys.l1_for_priority(model, priority),
-        )
+        executor = self.table.route(model, envelope, priority=priority, deadline=_epoch(expires))
         self._sent(model, [task_id], expires)
         return self._result(task_id, executor)
 
@@ -97,17 +97,18 @@ class Client:
         """Enqueue many tasks, each routed by the same atomic rule, one round trip per
         256 of them.
 
-        If some are refused (QueueFull), the first error is raised after the others
-        were enqueued; the accepted ones are on the error as `.accepted`. So are those
-        enqueued before a BrokerUnavailable cut a large burst short.
+        If some are refused (QueueFull, Overloaded), the first error is raised after the
+        others were enqueued; the accepted ones are on the error as `.accepted`. So are
+        those enqueued before a BrokerUnavailable cut a large burst short.
         """
         model = self.resolve(model)
         expires = _expires(deadline_s)
         encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
-        l1_key = keys.l1_for_priority(model, priority)
         envelopes = [envelope for _, envelope in encoded]
         try:
-            replies = self.table.route_many(model, envelopes, l1_key=l1_key)
+            replies = self.table.route_many(
+                model, envelopes, priority=priority, deadline=_epoch(expires)
+            )
         except (BrokerUnavailable, UnknownModel) as e:
             e.accepted = self._accepted(model, encoded, e.routed, expires)[0]
             raise
@@ -244,6 +245,10 @@ def _expires(deadline_s: float | None) -> datetime | None:
     if deadline_s is None:
         return None
     return datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
+
+
+def _epoch(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
 
 
 def _holds_tensors(inputs: Any) -> bool:

@@ -22,7 +22,7 @@ def test_sweep_reclaims_only_executors_whose_heartbeat_lapsed(settings, r):
     table.register("dead", MODEL, worker="w", max_batch=4, ttl_ms=200, max_wait_ms=0, pid=1)
     table.register("live", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
     task_id, envelope = message.encode(MODEL, [1], queue=keys.l1(MODEL))
-    table.route(MODEL, envelope, l1_key=keys.l1(MODEL))
+    table.route(MODEL, envelope)
     table.claim("dead", MODEL, 4)
     coordinator = Coordinator(settings, r)
     reclaimed = wait_until(coordinator.sweep, 10, "the dead executor reclaimed")
@@ -83,8 +83,8 @@ def test_a_task_that_takes_down_max_deliveries_executors_is_buried(settings, r):
     other_id, other = message.encode(MODEL, [2], queue=keys.l1(MODEL))
     # A busy (WORKING) executor makes the model known; routes then go to L1.
     table.register("busy", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
-    table.route(MODEL, poison, l1_key=keys.l1(MODEL))
-    table.route(MODEL, other, l1_key=keys.l1(MODEL))
+    table.route(MODEL, poison)
+    table.route(MODEL, other)
     for n in range(settings.max_deliveries):
         victim = f"victim{n}"
         table.register(victim, MODEL, worker="w", max_batch=4, ttl_ms=1, max_wait_ms=0, pid=1)

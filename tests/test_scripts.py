@@ -44,7 +44,7 @@ def idle(table: Table, executor_id: str, max_batch: int = 4) -> None:
 
 def route(table: Table, n: int, priority: int = 0) -> tuple[str, str | None]:
     task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
-    return task_id, table.route(MODEL, envelope, l1_key=keys.l1_for_priority(MODEL, priority))
+    return task_id, table.route(MODEL, envelope, priority=priority)
 
 
 def ids_in(r, key: str) -> list[str]:
@@ -87,7 +87,7 @@ def test_a_waiting_executor_is_preferred_over_an_idle_one(table):
         register(table, executor_id)
         idle(table, executor_id)
     first = route(table, 0)[1]
-    table.set_state(first, State.WAITING)
+    table.set_state(first, MODEL, State.WAITING)
     assert [route(table, n)[1] for n in range(3)] == [first] * 3
 
 
@@ -114,14 +114,14 @@ def test_the_ready_set_follows_every_state_change(table, r):
     idle(table, "a")
     assert r.zscore(ready, "a") >= keys.READY_IDLE
     route(table, 0)
-    table.set_state("a", State.WAITING)
+    table.set_state("a", MODEL, State.WAITING)
     assert r.zscore(ready, "a") == 3  # its capacity: 4 less the one routed
     route(table, 1)
     assert r.zscore(ready, "a") == 2
     table.begin("a", MODEL, room=2, taken=0)
     assert r.zscore(ready, "a") is None  # WORKING
     idle(table, "a")
-    table.set_state("a", State.STOPPING)
+    table.set_state("a", MODEL, State.STOPPING)
     assert r.zscore(ready, "a") is None
     register(table, "b")
     idle(table, "b")
@@ -151,7 +151,7 @@ def test_claim_or_idle_claims_while_work_waits_and_else_goes_idle(table, r):
     assert table.claim_or_idle("a", MODEL, 2) is None  # nothing left: IDLE, in one step
     assert r.hmget(keys.executor("a"), "state", "cap") == [b"IDLE", b"2"]
     assert r.zscore(keys.ready(MODEL), "a") >= keys.READY_IDLE
-    table.set_state("a", State.STOPPING)
+    table.set_state("a", MODEL, State.STOPPING)
     route(table, 9)  # to L1: a STOPPING executor takes nothing more
     assert table.claim_or_idle("a", MODEL, 2) is None
     assert r.hget(keys.executor("a"), "state") == b"STOPPING" and table.l1_depth(MODEL) == 1
@@ -170,7 +170,7 @@ def test_begin_takes_l2_and_tops_up_from_l1(table, r):
     register(table, "a")
     idle(table, "a")
     in_l2 = [route(table, n)[0] for n in range(2)]
-    table.set_state("a", State.WAITING)
+    table.set_state("a", MODEL, State.WAITING)
     # A plain Celery client publishes straight to L1.
     r.lpush(keys.l1(MODEL), message.encode(MODEL, [9], queue=keys.l1(MODEL))[1])
     held = table.begin("a", MODEL, room=4, taken=0)
@@ -216,9 +216,9 @@ def test_a_burst_is_routed_as_the_same_tasks_one_by_one_would_be(table, r):
         )
     idle(table, "a", max_batch=2)
     idle(table, "b", max_batch=2)
-    table.set_state("b", State.WAITING)
+    table.set_state("b", MODEL, State.WAITING)
     sent = [message.encode(MODEL, [n], queue=keys.l1(MODEL)) for n in range(9)]
-    replies = table.route_many(MODEL, [m for _, m in sent], l1_key=keys.l1(MODEL), chunk=3)
+    replies = table.route_many(MODEL, [m for _, m in sent], chunk=3)
     assert replies[:7] == ["b", "b", "a", "a", None, None, None]
     assert all(isinstance(e, QueueFull) and "3 tasks waiting" in str(e) for e in replies[7:])
     assert ids_in(r, keys.l2("b")) == [sent[0][0], sent[1][0]]
@@ -229,14 +229,14 @@ def test_a_burst_is_routed_as_the_same_tasks_one_by_one_would_be(table, r):
 
 def test_a_burst_for_an_unknown_model_enqueues_nothing(table, r):
     with pytest.raises(UnknownModel):
-        table.route_many(MODEL, ["x", "y"], l1_key=keys.l1(MODEL))
+        table.route_many(MODEL, ["x", "y"])
     assert r.dbsize() == 0
 
 
 def test_filling_a_waiting_executor_says_so_on_its_full_channel(table, r):
     register(table, "a", max_batch=2)
     idle(table, "a", max_batch=2)
-    table.set_state("a", State.WAITING)
+    table.set_state("a", MODEL, State.WAITING)
     with r.pubsub() as signals:
         signals.subscribe(keys.full("a"))
         assert signals.get_message(timeout=5)["type"] == "subscribe"
@@ -275,7 +275,7 @@ def test_reclaim_moves_inflight_and_l2_to_the_head_of_l1_in_order(table, r):
     table.claim("a", MODEL, 2)  # in-flight now
     idle(table, "a")
     in_l2 = [route(table, n)[0] for n in range(2)]
-    table.set_state("a", State.STOPPING)  # routes nothing more here
+    table.set_state("a", MODEL, State.STOPPING)  # routes nothing more here
     later = route(table, 9)[0]
     assert ids_in(r, keys.l1(MODEL)) == [later]
     r.hset(keys.executor("a"), "expires_ms", 0)
@@ -356,10 +356,10 @@ def test_heartbeat_reports_reclaimed_executors(table, r):
 def test_stopping_is_final_until_the_executor_registers_again(table, r):
     register(table, "a")
     idle(table, "a")
-    table.set_state("a", State.STOPPING)
+    table.set_state("a", MODEL, State.STOPPING)
     for step in (
         lambda: table.claim_or_idle("a", MODEL, 4),
-        lambda: table.set_state("a", State.WAITING),
+        lambda: table.set_state("a", MODEL, State.WAITING),
         lambda: table.begin("a", MODEL, room=4, taken=1),
     ):
         step()

@@ -38,6 +38,7 @@ from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
 from tandem.workers.device import forward
 from tandem.workers.hooks import Hook, Logs
+from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model, batching
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
@@ -61,6 +62,10 @@ class Executor:
         self.model_ref = model_ref
         self.model = model
         self.max_batch, self.max_wait_ms = batching(model, settings)
+        #: A task without its own deadline must be answered within this of its submit.
+        self.slo_ms = getattr(model, "slo_ms", 0) or settings.slo_ms
+        #: Its compute, gap and return times, learned from its own batches.
+        self.latency = LatencyModel()
         self.table = table
         self.hooks = hooks if hooks is not None else [Logs()]
         self.settings = settings
@@ -83,6 +88,9 @@ class Executor:
         #: The compute in hand: its tasks, its start (epoch s) and its start (monotonic s).
         self._computing: tuple[list[message.Task], float, float] | None = None
         self._full: FullSignal | None = None  # the batch window's signal, if it has one
+        #: When the last compute ended (monotonic s) while work was in hand; None once the
+        #: executor went IDLE, so the gap to the next compute is not a busy one.
+        self._last_end: float | None = None
         #: The device thread: runs each forward pass, so the executor thread can prepare
         #: the next batch meanwhile.
         self._device = ThreadPoolExecutor(1, thread_name_prefix=f"tandem device {self.id}")
@@ -90,7 +98,15 @@ class Executor:
         self._thread = threading.Thread(target=self._run, name=f"tandem {self.id}", daemon=True)
         self._returner = Returner(self)
         self._prepare = Preparer(
-            self.id, model_ref, model, table, self.max_batch, settings.max_message_bytes
+            self.id,
+            model_ref,
+            model,
+            table,
+            self.max_batch,
+            settings.max_message_bytes,
+            latency=self.latency,
+            slo_ms=self.slo_ms,
+            deadline_aware=settings.deadline_aware,
         )
 
     def __repr__(self) -> str:
@@ -152,7 +168,7 @@ class Executor:
             return
         self._stop.set()
         try:
-            self.table.set_state(self.id, State.STOPPING)
+            self.table.set_state(self.id, self.model_ref, State.STOPPING)
         except (redis.RedisError, ExecutorGone) as e:
             log.warning("executor %s could not mark itself STOPPING: %s", self.id, e)
 
@@ -188,6 +204,7 @@ class Executor:
             max_wait_ms=self.max_wait_ms,
             pid=os.getpid(),
             max_queue=getattr(self.model, "max_queue", 0) or s.max_queue,
+            slo_ms=self.slo_ms,
         )
         self.state = State.WORKING
 
@@ -291,6 +308,8 @@ class Executor:
         retry(step, what=f"executor {self.id}", stop=self._stop, each_try=self.tick)
 
     def _enter(self, state: State) -> None:
+        if state is State.IDLE:
+            self._last_end = None
         if state != self.state:
             self.state = state
             for hook in self.hooks:
@@ -323,7 +342,7 @@ class Executor:
             return taken
         if self.max_batch > 1:
             self._full.clear()
-            room = self.table.set_state(self.id, State.WAITING)
+            room = self.table.set_state(self.id, self.model_ref, State.WAITING)
             self._enter(State.WAITING)
             if room > 0:
                 self.table.wait_full(self._full, self.max_wait_ms / 1000)
@@ -356,23 +375,35 @@ class Executor:
         compute_ms, device_ms = 0.0, None
         failed: Exception | None = None  # the early claim's error, raised once N is handed over
         if ready:
-            self._computing = ([tasks[n] for n in ready], started_at, time.monotonic())
+            began = time.monotonic()
+            if self._last_end is not None:
+                self.latency.observe_gap((began - self._last_end) * 1000)
+            self._computing = ([tasks[n] for n in ready], started_at, began)
             inputs = [tasks[n].inputs for n in ready]
             try:
                 computing = self._device.submit(forward, self.model, inputs)
                 if self.settings.pipeline and not suspect and not self._stop.is_set():
+                    # Batch N+1 starts when N ends: its deadlines are planned from then.
+                    ends = self.latency.compute_ms(len(ready)) + self.latency.gap_ms
                     try:
-                        following = self._prepare.early(revocations=self.revocations)
+                        following = self._prepare.early(
+                            revocations=self.revocations, start_s=started_at + ends / 1000
+                        )
                     except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
                         failed = e
                 computed, compute_ms, device_ms = computing.result()
             finally:
                 self._computing = None
+            self._last_end = time.monotonic()
             for n, out in zip(ready, computed, strict=True):
                 if isinstance(out, ModelError):
                     tasks[n].error = out
                 else:
                     outputs[n] = out
+            if len(outputs) == len(ready):  # a bisected batch ran more than one pass
+                self.latency.observe_compute(len(ready), compute_ms)
+        else:
+            self._last_end = None  # nothing computed: the next gap is not one compute's
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         self._returner.hand_over(done)
         if failed is not None:

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from tandem.broker import metrics
-from tandem.broker.errors import Revoked
+from tandem.broker.errors import DeadlineExceeded, Revoked
 from tandem.broker.message import TASK_NAME
 from tandem.workers.computed import Computed
 
@@ -39,11 +39,23 @@ class Hook:
 
 
 class Logs(Hook):
-    """One line per event: state changes at DEBUG, failures at WARNING, never a traceback."""
+    """One line per event: state changes at DEBUG, failures at WARNING, never a traceback.
+    Tasks shed for their deadlines (many at a time under overload) make one line per
+    batch, and one per task at DEBUG."""
 
     def batch_done(self, executor: Executor, done: Computed) -> None:
+        shed = [task for task in done.tasks if isinstance(task.error, DeadlineExceeded)]
+        if shed:
+            log.warning(
+                "tasks_shed executor=%s count=%d reason=DeadlineExceeded: %s",
+                executor.id,
+                len(shed),
+                shed[0].error,
+            )
         for task in done.tasks:
-            if isinstance(task.error, Revoked):
+            if isinstance(task.error, DeadlineExceeded):
+                log.debug("task_shed executor=%s task=%s: %s", executor.id, task.id, task.error)
+            elif isinstance(task.error, Revoked):
                 log.info("task_revoked executor=%s task=%s", executor.id, task.id)
             elif task.error is not None:
                 log.warning(
@@ -79,6 +91,10 @@ class Metrics(Hook):
             counts["outcome:FAILURE" if task.error else "outcome:SUCCESS"] += 1
             if task.error is not None:
                 counts[f"failure:{type(task.error).__name__}"] += 1
+            elif task.deadline is None or done.stored_at <= task.deadline:
+                counts["deadline:met"] += 1  # goodput: a success in time
+            else:
+                counts["deadline:missed"] += 1  # computed, but too late to be worth anything
             if task.sent_at:
                 metrics.observe(counts, "latency_ms", (done.stored_at - task.sent_at) * 1000)
                 if n in done.outputs:

@@ -1,15 +1,23 @@
 """The prepare stage, on the executor thread: claim a batch's messages, decode each, check
 it (its model, its deadline, a revocation) and validate its inputs. A bad task gets its
 error set; nothing is raised, so one bad message never stops a batch. With the pipeline
-on, the next batch is claimed and prepared early, while the last one computes."""
+on, the next batch is claimed and prepared early, while the last one computes.
+
+Deadline-aware, each batch is then planned against its tasks' deadlines by the latency
+model (workers/deadlines.py): a task that would miss is shed (DeadlineExceeded, never
+computed) and its slot refilled from L1; one that would meet it but does not fit goes
+back to the head of L1."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 from tandem.broker import message
-from tandem.broker.errors import BadInput, Revoked, TandemError, UnknownModel
+from tandem.broker.errors import BadInput, DeadlineExceeded, Revoked, TandemError, UnknownModel
 from tandem.broker.table import Table
+from tandem.workers.deadlines import plan
+from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model
 
 
@@ -30,6 +38,10 @@ class Preparer:
         table: Table,
         max_batch: int,
         max_bytes: int,
+        *,
+        latency: LatencyModel | None = None,
+        slo_ms: float = 0.0,
+        deadline_aware: bool = True,
     ) -> None:
         self.executor_id = executor_id
         self.model_ref = model_ref
@@ -37,22 +49,29 @@ class Preparer:
         self.table = table
         self.max_batch = max_batch
         self.max_bytes = max_bytes
+        self.latency = latency or LatencyModel()
+        self.slo_ms = slo_ms  # a task without its own deadline must be answered this soon
+        self.deadline_aware = deadline_aware
 
     def batch(self, batch: list[bytes], *, revocations: bool) -> list[message.Task]:
         """The tasks of the batch in hand, prepared (or, if prepared early, checked
-        again) and topped up from L1."""
+        again), planned against their deadlines and topped up from L1."""
         if isinstance(batch, Early):
             tasks = self.recheck(batch.tasks, revocations=revocations)
-            return self._top_up(tasks, early=True, revocations=revocations)
-        return self._top_up(
-            self.prepare(batch, revocations=revocations), early=False, revocations=revocations
-        )
+            return self._fill(tasks, refill=True, start_s=0.0, revocations=revocations)
+        tasks = self.prepare(batch, revocations=revocations)
+        return self._fill(tasks, refill=False, start_s=0.0, revocations=revocations)
 
-    def early(self, *, revocations: bool) -> list[bytes]:
+    def early(self, *, revocations: bool, start_s: float = 0.0) -> list[bytes]:
         """While a batch computes: claim up to max_batch from L1 (never a retry task, which
-        computes alone) and prepare it. The executor stays WORKING."""
+        computes alone) and prepare it, planned to start at start_s (epoch s, when the
+        compute in hand should end). The executor stays WORKING."""
         claimed = self.table.claim(self.executor_id, self.model_ref, self.max_batch)
-        return Early(claimed, self.prepare(claimed, revocations=revocations)) if claimed else []
+        if not claimed:
+            return []
+        tasks = self.prepare(claimed, revocations=revocations)
+        tasks = self._fill(tasks, refill=False, start_s=start_s, revocations=revocations)
+        return Early([task.raw for task in tasks], tasks)
 
     def prepare(self, raws: list[bytes], *, revocations: bool) -> list[message.Task]:
         """Decode and check each message. With revocations (Redis may hold revoke
@@ -78,28 +97,59 @@ class Preparer:
             task.check_deadline(now)
         return tasks
 
-    def _top_up(
-        self, tasks: list[message.Task], *, early: bool, revocations: bool
+    def _fill(
+        self, tasks: list[message.Task], *, refill: bool, start_s: float, revocations: bool
     ) -> list[message.Task]:
-        """Fill the batch from L1 up to max_batch: a batch prepared early takes what
-        arrived while the last one computed; any batch refills the slots of tasks that
-        failed before compute (expired, bad input). Never from the retry list."""
+        """Plan the batch, and fill it from L1 up to max_batch: a batch prepared early
+        (refill) takes what arrived while the last one computed; any batch refills the
+        slots of tasks that failed before compute (expired, shed, bad input). Never from
+        the retry list. A batch that handed tasks back is closed: it takes no more."""
+        tasks, closed = self._plan(tasks, start_s)
         ready = sum(task.error is None for task in tasks)
-        while ready < self.max_batch and (early or len(tasks) > ready):
+        while not closed and ready < self.max_batch and (refill or len(tasks) > ready):
             more = self.table.claim(self.executor_id, self.model_ref, self.max_batch - ready)
             if not more:
                 break
-            checked = self.prepare(more, revocations=revocations)
-            tasks = tasks + checked
-            ready += sum(task.error is None for task in checked)
-            early = False
+            tasks, closed = self._plan(tasks + self.prepare(more, revocations=revocations), start_s)
+            ready = sum(task.error is None for task in tasks)
+            refill = False
         return tasks
+
+    def _plan(self, tasks: list[message.Task], start_s: float) -> tuple[list[message.Task], bool]:
+        """Shed the tasks that would miss their deadlines in this batch, started at
+        start_s or now, whichever is later; hand back those that would meet them but do
+        not fit. Returns the tasks left, and True if some went back."""
+        live = [task for task in tasks if task.error is None]
+        if not (self.deadline_aware and self.latency.ready) or all(
+            task.deadline is None for task in live
+        ):
+            return tasks, False
+        start = max(time.time(), start_s)
+        latency = self.latency
+        chosen = plan(
+            [task.deadline for task in live],
+            [task.priority for task in live],
+            lambda n: start + latency.finish_ms(n) / 1000,
+        )
+        for n in chosen.shed:
+            late = chosen.miss_ms(live[n].deadline)
+            live[n].error = DeadlineExceeded(
+                f"would miss its deadline by {late:.0f} ms (predicted for a batch of "
+                f"{max(len(chosen.keep), 1)} here)"
+            )
+        if not chosen.back:
+            return tasks, False
+        back = [live[n] for n in chosen.back]
+        self.table.unclaim(self.executor_id, self.model_ref, [task.raw for task in back])
+        gone = {id(task) for task in back}
+        return [task for task in tasks if id(task) not in gone], True
 
     def _check(self, task: message.Task, now: datetime) -> None:
         if task.error is None and task.model != self.model_ref:
             task.error = UnknownModel(
                 f"task asks for model {task.model!r} but queue serves {self.model_ref!r}"
             )
+        task.deadline = self._deadline(task)
         task.check_deadline(now)
         if task.error is None:
             try:
@@ -108,3 +158,11 @@ class Preparer:
                 task.error = e
             except Exception as e:  # noqa: BLE001 - a validator bug fails the task, not the executor
                 task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
+
+    def _deadline(self, task: message.Task) -> float | None:
+        """Its own (Celery's expires), else its send time plus the model's SLO."""
+        if task.expires is not None:
+            return task.expires.timestamp()
+        if self.slo_ms and task.sent_at is not None:
+            return task.sent_at + self.slo_ms / 1000
+        return None

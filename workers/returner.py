@@ -1,8 +1,9 @@
 """The return stage, on the returner thread: store each computed batch's results (one
-complete.lua call, with the hooks' metrics counters), run Celery's canvas steps around
-it, and tell the hooks. The slot holds one batch, so batch N is stored while N+1
-computes. A store that fails ends the thread; the executor thread sees that and
-restarts, handing the batch's tasks back (a crash, never a stall)."""
+complete.lua call, with the hooks' metrics counters and, when it moved, the executor's
+latency model), run Celery's canvas steps around it, and tell the hooks. The slot
+holds one batch, so batch N is stored while N+1 computes. A store that fails ends the
+thread; the executor thread sees that and restarts, handing the batch's tasks back (a
+crash, never a stall)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from tandem.broker import deadletter, keys, message, results
 from tandem.broker.errors import ExecutorCrashed, Revoked
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
+from tandem.broker.state import Speed
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
 from tandem.workers.hooks import Hook
+from tandem.workers.latency import LatencyModel
 
 log = logging.getLogger("tandem.executor")
+
+#: The latency model is published again at least this often (s) while batches are stored,
+#: and sooner when its rate or lag moved by more than 2 %.
+REPUBLISH_S = 1.0
 
 
 class Owner(Protocol):
@@ -35,6 +42,8 @@ class Owner(Protocol):
     settings: Settings
     hooks: list[Hook]
     canvas: Canvas | None
+    latency: LatencyModel
+    max_batch: int
 
     def tick(self) -> None: ...
 
@@ -45,6 +54,8 @@ class Returner:
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.error: BaseException | None = None
+        self._published: Speed | None = None  # the latency model as last published
+        self._published_at = 0.0  # monotonic s
         self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(
             target=self._loop, name=f"tandem return {owner.id}", daemon=True
@@ -113,12 +124,20 @@ class Returner:
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
         done.stored_at = time.time()
         counts = self._counters(done)
+        speed = self._speed()
         retry(
-            lambda: owner.table.complete(owner.id, entries, model=owner.model_ref, counters=counts),
+            lambda: owner.table.complete(
+                owner.id, entries, model=owner.model_ref, counters=counts, speed=speed
+            ),
             what=f"executor {owner.id}",
             each_try=owner.tick,
             raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
         )
+        if speed is not None:
+            self._published, self._published_at = speed, time.monotonic()
+        if done.outputs:
+            ended = done.started_at + done.compute_ms / 1000
+            owner.latency.observe_return((time.time() - ended) * 1000)
         for n, task in canvas:
             owner.canvas.after_store(task, done.outputs.get(n))
         owner.stored(done)
@@ -127,6 +146,16 @@ class Returner:
                 hook.batch_done(owner, done)
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
+
+    def _speed(self) -> Speed | None:
+        """The latency model to publish with this batch, or None: deadline-aware off, no
+        batch measured yet, or nothing moved since it was last published."""
+        owner = self.owner
+        if not owner.settings.deadline_aware or not owner.latency.ready:
+            return None
+        speed = owner.latency.speed(owner.max_batch, pipeline=owner.settings.pipeline)
+        fresh = time.monotonic() - self._published_at < REPUBLISH_S
+        return None if fresh and speed.close_to(self._published) else speed
 
     def _counters(self, done: Computed) -> Counter:
         """Every hook's metrics counters for this batch, stored with its results."""

@@ -12,6 +12,7 @@ NAMES = (
     "begin",
     "claim",
     "claim_or_idle",
+    "unclaim",
     "state",
     "complete",
     "reclaim",

@@ -28,6 +28,19 @@ local function change(stream, hash, id, state)
     'executor', id, 'model', model, 'state', state, 'ms', now_ms())
 end
 
+-- The L1 list of message m at its priority, as kombu files it: of the L1 keys of
+-- priority 0, 3, 6 and 9 at KEYS[first .. first + 3]. An unreadable priority is 0.
+local function l1_of(m, first)
+  local ok, msg = pcall(cjson.decode, m)
+  local p = 0
+  if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
+    p = tonumber(msg.properties.priority) or 0
+  end
+  if p >= 9 then return KEYS[first + 3] elseif p >= 6 then return KEYS[first + 2]
+  elseif p >= 3 then return KEYS[first + 1] end
+  return KEYS[first]
+end
+
 -- LPUSH the messages items[1..] onto key in order (the last ends leftmost), in
 -- commands of up to 256 arguments.
 local function push_all(key, items)
@@ -139,4 +152,24 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
     end
   end
   return self
+end
+
+-- An executor's share of its model's speed hash (keys.speed): the sums of rate, of
+-- rate x lag_ms and of rate x max_batch over the live executors. set_speed replaces
+-- the share of the executor whose hash is given; rate 0 takes it out. The sums are
+-- kept exact by every script that changes an executor's rate, and the hash goes once
+-- no rate is left in it, so no float error outlives the executors.
+local function set_speed(hash, speed, rate, lag)
+  local old = redis.call('HMGET', hash, 'rate', 'lag_ms', 'max_batch')
+  local old_rate, old_lag = tonumber(old[1]) or 0, tonumber(old[2]) or 0
+  local batch = tonumber(old[3]) or 0
+  if old_rate == 0 and rate == 0 then return end
+  redis.call('HSET', hash, 'rate', rate, 'lag_ms', lag)
+  local left = tonumber(redis.call('HINCRBYFLOAT', speed, 'rate', rate - old_rate))
+  if left <= 1e-6 then
+    redis.call('DEL', speed)
+    return
+  end
+  redis.call('HINCRBYFLOAT', speed, 'rate_lag', rate * lag - old_rate * old_lag)
+  redis.call('HINCRBYFLOAT', speed, 'rate_batch', (rate - old_rate) * batch)
 end

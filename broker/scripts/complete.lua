@@ -1,14 +1,18 @@
 -- Finish a batch: store each result in Celery's format, publish it, and drop
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
--- The batch's metrics counters are added in the same step.
--- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash
+-- The batch's metrics counters are added in the same step, and the executor's latency
+-- model, when given, replaces its share of the model's speed hash.
+-- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash, and the
+--       speed hash when a latency model is given
 -- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, M, then M (metrics field,
---       increment) pairs, then (raw message, result key, result JSON) triples; an
+--       increment) pairs, then rate, lag_ms, base_ms, per_item_ms, margin_ms (rate ''
+--       when not given), then (raw message, result key, result JSON) triples; an
 --       empty result key means the JSON is a dead-letter record (a message without a
 --       usable id).
-local first = 5 + 2 * tonumber(ARGV[4])
-for i = 5, first - 1, 2 do
+local speed = 5 + 2 * tonumber(ARGV[4])
+local first = speed + 5
+for i = 5, speed - 1, 2 do
   local by = ARGV[i + 1]
   if string.find(by, '^-?%d+$') then
     redis.call('HINCRBY', KEYS[5], ARGV[i], by)
@@ -39,5 +43,10 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBY', KEYS[2], 'tasks', n)
   redis.call('HINCRBY', KEYS[2], 'batches', 1)
+  if ARGV[speed] ~= '' and KEYS[6] then
+    redis.call('HSET', KEYS[2], 'base_ms', ARGV[speed + 2], 'per_item_ms', ARGV[speed + 3],
+      'margin_ms', ARGV[speed + 4])
+    set_speed(KEYS[2], KEYS[6], tonumber(ARGV[speed]), tonumber(ARGV[speed + 1]))
+  end
 end
 return n

@@ -6,26 +6,17 @@
 -- delivery, recorded as this executor's id in its deliveries list. A task with
 -- max_deliveries goes to the poison list, for the coordinator to bury; one with
 -- fewer but some goes to the retry list, to be computed alone; others to L1.
+-- Its share of the model's speed hash goes with it.
 -- KEYS: executor hash, executors set, L2, in-flight, changes, stats, retry,
---       poison, L1 keys of priority 0,3,6,9, deadlines set
+--       poison, L1 keys of priority 0,3,6,9, deadlines set, speed hash
 -- ARGV: executor id, force ('1' or '0'), count deliveries ('1' or '0'),
 --       max deliveries, deliveries key prefix, deliveries ttl s
 -- Returns the number of tasks moved, or -1 if the executor is alive.
 local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_ms'))
 if ARGV[2] ~= '1' and expires and expires > now_ms() then return -1 end
-local function l1_of(m)
-  local ok, msg = pcall(cjson.decode, m)
-  local p = 0
-  if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
-    p = tonumber(msg.properties.priority) or 0
-  end
-  if p >= 9 then return KEYS[12] elseif p >= 6 then return KEYS[11]
-  elseif p >= 3 then return KEYS[10] end
-  return KEYS[9]
-end
 local n = 0
 for _, m in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  redis.call('RPUSH', l1_of(m), m)
+  redis.call('RPUSH', l1_of(m, 9), m)
   n = n + 1
 end
 redis.call('DEL', KEYS[3])
@@ -44,7 +35,7 @@ for _, m in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
   elseif times > 0 then
     redis.call('RPUSH', KEYS[7], m)
   else
-    redis.call('RPUSH', l1_of(m), m)
+    redis.call('RPUSH', l1_of(m, 9), m)
   end
   redelivered = redelivered + 1
 end
@@ -53,6 +44,7 @@ if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivere
 if poisoned > 0 then redis.call('HINCRBY', KEYS[6], 'poisoned', poisoned) end
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
+set_speed(KEYS[1], KEYS[14], 0, 0)
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[13], ARGV[1])

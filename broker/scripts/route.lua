@@ -7,21 +7,51 @@
 -- so handing it a task makes it WORKING here, which saves the executor a round trip.
 -- A WAITING executor whose capacity reaches 0 is told so on its full channel, which
 -- closes its batch window at once.
--- KEYS: ready set, models set, target L1 key, L1 keys of every priority, changes
+-- A task bound for L1 that has a deadline (its own, else the model's SLO) is refused
+-- when the predicted wait passes it: the tasks ahead of it (the retry list and L1 at
+-- its priority and above) over the model's rate, plus the lag from a claim to the
+-- result (keys.speed). Nothing is predicted while no executor has published a rate.
+-- KEYS: ready set, models set, target L1 key, changes, retry list, speed hash,
+--       slo hash, then the L1 keys of every priority
 -- ARGV: model, executor key prefix, L2 key prefix, max_queue hash, metrics hash,
---       full channel prefix, then one message per task
--- Returns one reply per message: the executor id, 0 for L1, or the L1 depth that
--- refused it (QUEUE_FULL) as a negative number.
+--       full channel prefix, ms the tasks have left (-1: none given), how many of the
+--       L1 keys are at or above the tasks' priority, then one message per task
+-- Returns one reply per message: the executor id, 0 for L1, the L1 depth that
+-- refused it (QUEUE_FULL) as a negative number, or {predicted wait ms, tasks ahead,
+-- ms it had left} when the wait passes its deadline (OVERLOADED).
 if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
   return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. ARGV[1])
 end
 local now = now_ms()
 
 local max_queue = tonumber(redis.call('HGET', ARGV[4], ARGV[1]) or 0)
-local depth = nil
-local out, to_l1, routed = {}, 0, 0
-local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[#KEYS], now)
-for i = 7, #ARGV do
+local budget = tonumber(ARGV[7])
+if budget < 0 then
+  budget = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or 0)
+  if budget <= 0 then budget = nil end
+end
+local depth, ahead, rate, lag, batch = nil, nil, nil, 0, 0
+local out, to_l1, routed, refused = {}, 0, 0, 0
+local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now)
+
+-- The predicted wait of the next task into L1, in ms, or nil when none can be told.
+local function wait()
+  if not budget then return nil end
+  if not rate then
+    local s = redis.call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_batch')
+    rate = tonumber(s[1]) or 0
+    if rate > 1e-6 then
+      lag, batch = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
+    end
+    ahead = redis.call('LLEN', KEYS[5])
+    for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + redis.call('LLEN', KEYS[k]) end
+  end
+  if rate <= 1e-6 then return nil end
+  -- Claims take batches of about `batch`: the next one comes after half of one, on average.
+  return (ahead + batch / 2) * 1000 / rate + lag
+end
+
+for i = 9, #ARGV do
   local id, state, window = ready.top()
   if id then
     ready.hand(id, state, window, ARGV[i])
@@ -30,13 +60,18 @@ for i = 7, #ARGV do
   else
     if max_queue > 0 and not depth then
       depth = 0
-      for k = 4, #KEYS - 1 do depth = depth + redis.call('LLEN', KEYS[k]) end
+      for k = 8, #KEYS do depth = depth + redis.call('LLEN', KEYS[k]) end
     end
+    local predicted = wait()
     if max_queue > 0 and depth >= max_queue then
       out[#out + 1] = -depth
+    elseif predicted and predicted > budget then
+      out[#out + 1] = {math.ceil(predicted), ahead, math.floor(budget)}
+      refused = refused + 1
     else
       redis.call('LPUSH', KEYS[3], ARGV[i])
       if depth then depth = depth + 1 end
+      if ahead then ahead = ahead + 1 end
       to_l1 = to_l1 + 1
       out[#out + 1] = 0
     end
@@ -44,4 +79,5 @@ for i = 7, #ARGV do
 end
 if routed > 0 then redis.call('HINCRBY', ARGV[5], 'route:L2', routed) end
 if to_l1 > 0 then redis.call('HINCRBY', ARGV[5], 'route:L1', to_l1) end
+if refused > 0 then redis.call('HINCRBY', ARGV[5], 'shed:submit', refused) end
 return out

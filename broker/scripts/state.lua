@@ -1,6 +1,7 @@
 -- Record a state the scheduling does not depend on (WAITING, STOPPING).
--- STOPPING also zeroes the capacity, so nothing more is routed here.
--- KEYS: executor hash, changes
+-- STOPPING also zeroes the capacity, so nothing more is routed here, and takes the
+-- executor's rate out of its model's speed hash, since it claims nothing more.
+-- KEYS: executor hash, changes, speed hash
 -- ARGV: executor id, state
 -- Returns the executor's capacity after the change.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
@@ -10,6 +11,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2])
 if ARGV[2] == 'STOPPING' then
   redis.call('HSET', KEYS[1], 'cap', 0)
   not_ready(KEYS[1], ARGV[1])
+  set_speed(KEYS[1], KEYS[3], 0, 0)
 elseif ARGV[2] == 'WAITING' then
   local room = tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0
   if room > 0 then ready_at(KEYS[1], ARGV[1], room) else not_ready(KEYS[1], ARGV[1]) end

@@ -1,0 +1,174 @@
+"""An executor's latency model, learned online from its own batches.
+
+Compute time is fitted as base_ms + per_item_ms x n by exponentially weighted least
+squares, so it follows the model or the device when their speed changes (the weight of
+a batch halves every HALF_LIFE batches). The tail is a margin: a high quantile of the
+recent prediction errors. Around the compute it measures the gap between two
+back-to-back computes (claims, top-ups, and preparing when the pipeline does not hide
+it) and the time from a compute's end to its stored results.
+
+The executor predicts with it when a batch would be stored (workers/deadlines.py) and
+publishes it as a Speed, from which route.lua predicts the wait in L1.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from tandem.broker.state import Speed
+
+#: Batches after which an observation weighs half as much.
+HALF_LIFE = 32
+#: Recent prediction errors kept for the margin.
+RESIDUALS = 64
+#: The quantile of those errors that the margin covers.
+TAIL = 0.98
+#: Below this spread of batch sizes (std dev) the slope cannot be fitted: keep the last one.
+MIN_SPREAD = 0.5
+
+
+class Fit:
+    """Exponentially weighted least squares of y = a + b x, with b >= 0."""
+
+    def __init__(self, half_life: float = HALF_LIFE) -> None:
+        self.decay = 0.5 ** (1 / half_life)
+        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+        self.slope = 0.0  # the last slope the spread of x allowed fitting
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w = self.w * d + 1
+        self.wx = self.wx * d + x
+        self.wy = self.wy * d + y
+        self.wxx = self.wxx * d + x * x
+        self.wxy = self.wxy * d + x * y
+        mean_x = self.wx / self.w
+        spread = self.wxx / self.w - mean_x * mean_x
+        if spread >= MIN_SPREAD**2:
+            covariance = self.wxy / self.w - mean_x * self.wy / self.w
+            self.slope = max(0.0, covariance / spread)
+
+    def line(self) -> tuple[float, float]:
+        """(a, b); call after at least one add."""
+        a = self.wy / self.w - self.slope * self.wx / self.w
+        return max(0.0, a), self.slope
+
+
+class Mean:
+    """An exponentially weighted mean, 0 until the first value."""
+
+    def __init__(self, half_life: float = HALF_LIFE) -> None:
+        self.decay = 0.5 ** (1 / half_life)
+        self.w = self.sum = 0.0
+
+    def add(self, value: float) -> None:
+        self.w = self.w * self.decay + 1
+        self.sum = self.sum * self.decay + value
+
+    @property
+    def value(self) -> float:
+        return self.sum / self.w if self.w else 0.0
+
+
+class LatencyModel:
+    """Thread-safe: the executor thread observes computes and gaps, the returner stores."""
+
+    def __init__(self, half_life: float = HALF_LIFE) -> None:
+        self._fit = Fit(half_life)
+        self._errors: deque[float] = deque(maxlen=RESIDUALS)
+        self._gap = Mean(half_life)
+        self._return = Mean(half_life)
+        self._lock = threading.Lock()
+        self.batches = 0
+
+    def __repr__(self) -> str:
+        if not self.ready:
+            return "<LatencyModel no batches yet>"
+        base, per_item = self.line()
+        return (
+            f"<LatencyModel {base:.2f} + {per_item:.3f} x n ms, margin {self.margin_ms:.2f} ms, "
+            f"gap {self._gap.value:.2f} ms, return {self._return.value:.2f} ms, "
+            f"batches={self.batches}>"
+        )
+
+    @property
+    def ready(self) -> bool:
+        """True once a batch has been observed: before that, nothing is predicted."""
+        return self.batches > 0
+
+    def observe_compute(self, n: int, ms: float) -> None:
+        """A forward pass of n tasks took ms of wall time."""
+        with self._lock:
+            if self.batches:
+                self._errors.append(ms - self._compute(n))
+            self._fit.add(n, ms)
+            self.batches += 1
+
+    def observe_gap(self, ms: float) -> None:
+        """The device was free for ms between two computes while work was in hand."""
+        with self._lock:
+            self._gap.add(ms)
+
+    def observe_return(self, ms: float) -> None:
+        """From a compute's end to its results stored, ms."""
+        with self._lock:
+            self._return.add(ms)
+
+    def line(self) -> tuple[float, float]:
+        """(base_ms, per_item_ms) of the compute fit."""
+        with self._lock:
+            return self._fit.line()
+
+    def compute_ms(self, n: int) -> float:
+        """The fitted compute time of a batch of n, without the margin."""
+        with self._lock:
+            return self._compute(n)
+
+    @property
+    def gap_ms(self) -> float:
+        """The mean time the device was free between two back-to-back computes."""
+        with self._lock:
+            return self._gap.value
+
+    @property
+    def margin_ms(self) -> float:
+        """How much slower than the fit a compute may be: TAIL of the recent errors."""
+        with self._lock:
+            return self._margin()
+
+    def finish_ms(self, n: int) -> float:
+        """From a compute's start to its n results stored, with the tail margin."""
+        with self._lock:
+            return self._compute(n) + self._margin() + self._return.value
+
+    def speed(self, max_batch: int, *, pipeline: bool) -> Speed:
+        """The rate at full batches, and the lag from a claim to the stored result: with the
+        pipeline a batch is claimed as the one before it starts computing, so it waits
+        for that compute too."""
+        with self._lock:
+            base, per_item = self._fit.line()
+            compute = self._compute(max_batch)
+            cycle = compute + self._gap.value
+            wait = cycle if pipeline else self._gap.value
+            lag = wait + compute + self._margin() + self._return.value
+            return Speed(
+                base_ms=base,
+                per_item_ms=per_item,
+                margin_ms=self._margin(),
+                rate=max_batch * 1000 / cycle if cycle > 0 else 0.0,
+                lag_ms=lag,
+                max_batch=max_batch,
+            )
+
+    def _compute(self, n: int) -> float:
+        if not self.batches:
+            return 0.0
+        a, b = self._fit.line()
+        return a + b * n
+
+    def _margin(self) -> float:
+        if not self._errors:
+            return 0.0
+        ordered = sorted(self._errors)
+        return max(0.0, ordered[min(len(ordered) - 1, int(TAIL * len(ordered)))])
