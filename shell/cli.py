@@ -71,6 +71,17 @@ def main() -> None:
 @click.option("--max-batch", type=int, help="Largest batch (default 32).")
 @click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
 @click.option("--max-queue", type=int, help="Bound on each model's L1; submit raises QueueFull.")
+@click.option(
+    "--slo-ms",
+    type=float,
+    help="Default deadline of a task from its submit, when it has none of its own (0: none).",
+)
+@click.option(
+    "--deadline-aware/--no-deadline-aware",
+    default=None,
+    help="Shed by predicted finish: Overloaded at submit, DeadlineExceeded at claim "
+    "(default: on). Off: only tasks already past their deadline fail unrun.",
+)
 @click.option("--heartbeat-ttl-s", type=float, help="Dead after this long without a heartbeat.")
 @click.option(
     "--compute-timeout-s", type=float, help="Exit (code 70) if a batch hangs this long; 0: never."

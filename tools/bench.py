@@ -63,6 +63,7 @@ class System:
     kind: str  # tandem | plain | batches
     flush_interval_ms: float = 0.0
     pipeline: bool = True  # tandem: prepare the next batch while one computes
+    deadline_aware: bool = True  # tandem: shed by predicted finish (off: only the expired)
 
 
 SYSTEMS = {
@@ -70,6 +71,7 @@ SYSTEMS = {
     for s in (
         System("tandem", "tandem"),
         System("tandem/no-pipeline", "tandem", pipeline=False),
+        System("tandem/no-deadline", "tandem", deadline_aware=False),
         System("celery-plain", "plain"),
         System("celery-batches/10ms", "batches", 10.0),
         System("celery-batches/50ms", "batches", 50.0),
@@ -100,7 +102,9 @@ class Running:
             worker = self.settings.replace(hostname=f"{system.kind}{n + 1}@bench")
             log = folder / "logs" / f"{system.kind}{n + 1}.log"
             if system.kind == "tandem":
-                worker = worker.replace(pipeline=system.pipeline)
+                worker = worker.replace(
+                    pipeline=system.pipeline, deadline_aware=system.deadline_aware
+                )
                 self.processes.append(spawn(["worker"], worker, log))
             else:
                 args = [

@@ -4,6 +4,7 @@ imports the tools."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -39,12 +40,13 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead"]),
+    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload"]),
     default="sim",
     show_default=True,
     help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
     "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
-    "overhead: a zero-cost model, tasks/s and Redis CPU per task.",
+    "overhead: a zero-cost model, tasks/s and Redis CPU per task; overload: goodput at "
+    "multiples of the measured capacity, every task with a deadline.",
 )
 @click.option(
     "--systems",
@@ -53,16 +55,36 @@ def demo(workers, rates, seconds, **flags) -> None:
 )
 @click.option("--rates", help="Comma-separated offered rates (req/s); default per profile.")
 @click.option("--seconds", type=float, help="Seconds of arrivals per point (default 5, quick 2).")
+@click.option(
+    "--loads", help="overload: comma-separated multiples of capacity (default 0.5,1,2,4)."
+)
+@click.option("--slos-ms", help="overload: comma-separated SLOs in ms (default 100,250).")
 @click.option("--workers", type=int, default=2, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
-def bench(redis_url, quick, profile, systems, rates, seconds, workers, json_path, plot_path):
+def bench(
+    redis_url,
+    quick,
+    profile,
+    systems,
+    rates,
+    seconds,
+    loads,
+    slos_ms,
+    workers,
+    json_path,
+    plot_path,
+):
     """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
     from tandem.broker.extras import require
 
     require("bench", "tandem bench")
     if profile == "embed":
         require("embed", "tandem bench --profile embed")
+    if profile == "overload":
+        setup_logging("WARNING")
+        _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path, plot_path)
+        return
     systems = systems or ",".join(DEFAULT_SYSTEMS[profile == "prep"])
     if profile in ("fleet", "overhead"):
         setup_logging("WARNING")
@@ -104,6 +126,63 @@ DEFAULT_SYSTEMS = {
     False: ("tandem", "celery-plain", "celery-batches/10ms", "celery-batches/50ms"),
     True: ("tandem", "tandem/no-pipeline", "celery-plain", "celery-batches/10ms"),
 }
+
+
+def _numbers(text: str | None, default: tuple[float, ...], hint: str) -> tuple[float, ...]:
+    if not text:
+        return default
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from e
+
+
+def _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path, plot_path):
+    from rich.console import Console
+
+    from tandem.tools import overload
+    from tandem.tools.bench import SYSTEMS
+
+    names = (
+        systems.split(",")
+        if systems
+        else (overload.QUICK_SYSTEMS if quick else overload.DEFAULT_SYSTEMS)
+    )
+    unknown = [name for name in names if name.strip() not in SYSTEMS]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown system {unknown[0]!r}; known: {', '.join(SYSTEMS)}", param_hint="--systems"
+        )
+    loads = _numbers(loads, (0.5, 2.0, 4.0) if quick else overload.LOADS, "--loads")
+    slos = _numbers(slos_ms, (250.0,) if quick else overload.SLOS_MS, "--slos-ms")
+    seconds = seconds or (4.0 if quick else 8.0)
+    console = Console(width=140)
+    rows = overload.run_overload(
+        load_settings(),
+        systems=[SYSTEMS[name.strip()] for name in names],
+        loads=loads,
+        slos_ms=slos,
+        seconds=seconds,
+        workers=workers,
+        drain_s=5.0,
+        progress=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )
+    title = (
+        f"tandem bench, profile overload: {overload.MODEL}, {workers} workers, "
+        f"{seconds:g}s per point, capacity {rows[0]['capacity_rps']:g} req/s (measured)"
+    )
+    console.print(overload.table(rows, title))
+    console.print(
+        "goodput = SUCCESS within the SLO of its scheduled arrival, per second; met share = "
+        "goodput over all computed; shed submit = Overloaded; shed claim = DeadlineExceeded "
+        "(Celery: REVOKED, expired); late = computed after the deadline."
+    )
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
+    if plot_path:
+        overload.plot(rows, plot_path, title)
 
 
 def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None:

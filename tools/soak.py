@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 
 from tandem.broker import deadletter, keys, message
-from tandem.broker.errors import BrokerUnavailable, QueueFull
+from tandem.broker.errors import BrokerUnavailable, Overloaded, QueueFull
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import Client
@@ -38,6 +38,7 @@ POISON_EVERY_S = 60.0
 class Report:
     submitted: int = 0
     refused: int = 0
+    overloaded: int = 0
     completed: int = 0
     failed: Counter = field(default_factory=Counter)
     lost: int = 0
@@ -60,6 +61,7 @@ class Report:
         return [
             f"submitted (accepted)   {self.submitted}",
             f"refused while down     {self.refused}",
+            f"shed at submit (Overloaded) {self.overloaded}",
             f"completed              {self.completed}",
             f"failed, by reason      {failed}",
             f"lost                   {self.lost}",
@@ -151,6 +153,8 @@ class Soak:
                 self.accepted[result.id] = kind
             except (BrokerUnavailable, QueueFull):
                 self.report.refused += 1
+            except Overloaded:  # a deadline the predicted wait passes: refused, never queued
+                self.report.overloaded += 1
         client.close()
 
     def chaos(self) -> None:

@@ -5,7 +5,8 @@ squares, so it follows the model or the device when their speed changes (the wei
 a batch halves every HALF_LIFE batches). The tail is a margin: a high quantile of the
 recent prediction errors. Around the compute it measures the gap between two
 back-to-back computes (claims, top-ups, and preparing when the pipeline does not hide
-it) and the time from a compute's end to its stored results.
+it), a mean, and the time from a compute's end to its stored results, by the same high
+quantile: a result stored late is as late as one computed late.
 
 The executor predicts with it when a batch would be stored (workers/deadlines.py) and
 publishes it as a Speed, from which route.lua predicts the wait in L1.
@@ -78,7 +79,7 @@ class LatencyModel:
         self._fit = Fit(half_life)
         self._errors: deque[float] = deque(maxlen=RESIDUALS)
         self._gap = Mean(half_life)
-        self._return = Mean(half_life)
+        self._returns: deque[float] = deque(maxlen=RESIDUALS)
         self._lock = threading.Lock()
         self.batches = 0
 
@@ -88,7 +89,7 @@ class LatencyModel:
         base, per_item = self.line()
         return (
             f"<LatencyModel {base:.2f} + {per_item:.3f} x n ms, margin {self.margin_ms:.2f} ms, "
-            f"gap {self._gap.value:.2f} ms, return {self._return.value:.2f} ms, "
+            f"gap {self._gap.value:.2f} ms, return {self.return_ms:.2f} ms, "
             f"batches={self.batches}>"
         )
 
@@ -113,7 +114,7 @@ class LatencyModel:
     def observe_return(self, ms: float) -> None:
         """From a compute's end to its results stored, ms."""
         with self._lock:
-            self._return.add(ms)
+            self._returns.append(ms)
 
     def line(self) -> tuple[float, float]:
         """(base_ms, per_item_ms) of the compute fit."""
@@ -135,12 +136,18 @@ class LatencyModel:
     def margin_ms(self) -> float:
         """How much slower than the fit a compute may be: TAIL of the recent errors."""
         with self._lock:
-            return self._margin()
+            return _tail(self._errors)
+
+    @property
+    def return_ms(self) -> float:
+        """How long storing a batch's results may take: TAIL of the recent returns."""
+        with self._lock:
+            return _tail(self._returns)
 
     def finish_ms(self, n: int) -> float:
-        """From a compute's start to its n results stored, with the tail margin."""
+        """From a compute's start to its n results stored, with the tails."""
         with self._lock:
-            return self._compute(n) + self._margin() + self._return.value
+            return self._compute(n) + _tail(self._errors) + _tail(self._returns)
 
     def speed(self, max_batch: int, *, pipeline: bool) -> Speed:
         """The rate at full batches, and the lag from a claim to the stored result: with the
@@ -151,11 +158,12 @@ class LatencyModel:
             compute = self._compute(max_batch)
             cycle = compute + self._gap.value
             wait = cycle if pipeline else self._gap.value
-            lag = wait + compute + self._margin() + self._return.value
+            margin = _tail(self._errors)
+            lag = wait + compute + margin + _tail(self._returns)
             return Speed(
                 base_ms=base,
                 per_item_ms=per_item,
-                margin_ms=self._margin(),
+                margin_ms=margin,
                 rate=max_batch * 1000 / cycle if cycle > 0 else 0.0,
                 lag_ms=lag,
                 max_batch=max_batch,
@@ -167,8 +175,10 @@ class LatencyModel:
         a, b = self._fit.line()
         return a + b * n
 
-    def _margin(self) -> float:
-        if not self._errors:
-            return 0.0
-        ordered = sorted(self._errors)
-        return max(0.0, ordered[min(len(ordered) - 1, int(TAIL * len(ordered)))])
+
+def _tail(values: deque[float]) -> float:
+    """The TAIL quantile of values (nearest rank), at least 0; 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return max(0.0, ordered[min(len(ordered) - 1, int(TAIL * len(ordered)))])

@@ -90,6 +90,7 @@ class RepoModel:
         self.max_batch_size = config.max_batch_size
         self.max_wait_ms = config.max_wait_ms
         self.max_queue = config.max_queue
+        self.slo_ms = config.slo_ms
         self.last_device_ms: float | None = None
         self._warm_up()
 

@@ -1,7 +1,7 @@
 """A model's config.json in the repository: batching, tensor specs, device, artifact.
 
     {
-      "max_batch_size": 32, "max_wait_ms": 2, "max_queue": 10000,
+      "max_batch_size": 32, "max_wait_ms": 2, "max_queue": 10000, "slo_ms": 250,
       "inputs":  [{"name": "x", "dtype": "float32", "shape": [-1, 8], "max_length": 64}],
       "outputs": [{"name": "y", "dtype": "float32", "shape": [4]}],
       "padding_value": 0, "mask": "attention_mask",
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class ModelConfig:
     max_batch_size: int = 32
     max_wait_ms: float = 0.0
     max_queue: int = 0
+    slo_ms: float = 0.0
     padding_value: float = 0.0
     mask: str | None = None
     device: str = "auto"
@@ -128,10 +130,14 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
     batch = int(raw.get("max_batch_size", 32))
     if batch < 1:
         raise ValueError("max_batch_size must be at least 1")
+    slo_ms = float(raw.get("slo_ms", 0.0))
+    if not math.isfinite(slo_ms) or slo_ms < 0:
+        raise ValueError(f"slo_ms must be a finite number >= 0, got {raw.get('slo_ms')!r}")
     known = {
         "max_batch_size",
         "max_wait_ms",
         "max_queue",
+        "slo_ms",
         "inputs",
         "outputs",
         "padding_value",
@@ -150,6 +156,7 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
         max_batch_size=batch,
         max_wait_ms=float(raw.get("max_wait_ms", 0.0)),
         max_queue=int(raw.get("max_queue", 0)),
+        slo_ms=slo_ms,
         padding_value=float(raw.get("padding_value", 0.0)),
         mask=mask,
         device=str(raw.get("device", "auto")),
