@@ -3,6 +3,7 @@ table as readers see it, and the speed it publishes (its latency model)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -37,6 +38,13 @@ class ExecutorInfo:
     tasks: int
     l2_depth: int
     inflight_depth: int
+    #: Its latency model as last published (0 until its first batch, or deadline-aware
+    #: off): compute_ms(n) = base_ms + per_item_ms x n, margin_ms the tail above it.
+    base_ms: float = 0.0
+    per_item_ms: float = 0.0
+    margin_ms: float = 0.0
+    rate: float = 0.0  # tasks/s at full batches
+    lag_ms: float = 0.0  # from a claim under load to the stored result
 
     @property
     def mean_batch(self) -> float:
@@ -54,6 +62,9 @@ class ExecutorInfo:
         def num(name: str) -> int:
             return int(float(get(name) or 0))
 
+        def real(name: str) -> float:
+            return _finite(h.get(name.encode()))
+
         return cls(
             id=executor_id,
             model=get("model"),
@@ -66,6 +77,11 @@ class ExecutorInfo:
             tasks=num("tasks"),
             l2_depth=l2_depth,
             inflight_depth=inflight_depth,
+            base_ms=real("base_ms"),
+            per_item_ms=real("per_item_ms"),
+            margin_ms=real("margin_ms"),
+            rate=real("rate"),
+            lag_ms=real("lag_ms"),
         )
 
 
@@ -90,3 +106,35 @@ class Speed:
             abs(a - b) <= tolerance * max(abs(b), 1e-9)
             for a, b in ((self.rate, other.rate), (self.lag_ms, other.lag_ms))
         )
+
+
+@dataclass(frozen=True)
+class ModelSpeed:
+    """A model's speed over its live executors (keys.speed), as route.lua reads it: rate
+    in tasks/s, lag_ms and batch the rate-weighted means of their lags and max batches."""
+
+    rate: float
+    lag_ms: float
+    batch: float
+
+    @classmethod
+    def from_hash(cls, h: dict) -> ModelSpeed | None:
+        """From HGETALL of the speed hash; None while no executor has published a rate."""
+        rate = _finite(h.get(b"rate"))
+        if rate <= 1e-6:
+            return None
+        return cls(rate, _finite(h.get(b"rate_lag")) / rate, _finite(h.get(b"rate_batch")) / rate)
+
+    def wait_ms(self, ahead: int) -> float:
+        """The predicted time from a submit into L1 to its result, with `ahead` tasks
+        before it: route.lua's formula (a claim comes after half a batch, on average)."""
+        return (ahead + self.batch / 2) * 1000 / self.rate + self.lag_ms
+
+
+def _finite(raw: bytes | None) -> float:
+    """A number a script wrote, or 0.0 for one missing or not a finite number."""
+    try:
+        value = float(raw) if raw is not None else 0.0
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0

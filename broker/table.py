@@ -23,7 +23,7 @@ from tandem.broker.faults import Faults
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import ExecutorInfo, Speed, State
+from tandem.broker.state import ExecutorInfo, ModelSpeed, Speed, State
 
 
 class Claimed(list):
@@ -466,6 +466,25 @@ class Table:
         if not versions:
             return None
         return f"{name}:{max(versions, key=keys.version_key)}"
+
+    def speed(self, model: str) -> ModelSpeed | None:
+        """The model's speed as route.lua predicts L1 waits from it; None while no
+        executor has published one."""
+        return ModelSpeed.from_hash(self.redis.hgetall(keys.speed(model)))
+
+    def retry_depth(self, model: str) -> int:
+        """Redelivered tasks of the model waiting to be computed alone."""
+        return self.redis.llen(keys.retry(model))
+
+    def ahead(self, model: str, priority: int = 0) -> int:
+        """The tasks a new one of this priority waits behind, as route.lua counts them:
+        the retry list and L1 at its priority and before."""
+        claims = keys.claim_keys(model)
+        last = claims.index(keys.l1_for_priority(model, priority))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in claims[: last + 1]:
+                pipe.llen(key)
+            return sum(pipe.execute())
 
     def l1_depth(self, model: str) -> int:
         with self.redis.pipeline(transaction=False) as pipe:

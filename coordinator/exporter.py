@@ -47,6 +47,40 @@ class Collector:
         failures = CounterMetricFamily(
             "tandem_task_failures", "Failed tasks by reason.", labels=["model", "reason"]
         )
+        shed = CounterMetricFamily(
+            "tandem_tasks_shed",
+            "Tasks refused for their deadlines: at submit (Overloaded, never enqueued) or "
+            "at claim (DeadlineExceeded, never computed).",
+            labels=["model", "stage"],
+        )
+        goodput = CounterMetricFamily(
+            "tandem_tasks_goodput",
+            "Successes stored by their deadline (or with none): the answers still wanted.",
+            labels=["model"],
+        )
+        late = CounterMetricFamily(
+            "tandem_tasks_late",
+            "Successes stored after their deadline: computed for nobody.",
+            labels=["model"],
+        )
+        speed = {
+            name: GaugeMetricFamily(f"tandem_{name}", text, labels=["model"])
+            for name, text in (
+                ("capacity", "Tasks/s the live executors serve at full batches (measured)."),
+                (
+                    "predicted_wait_ms",
+                    "Predicted ms from a submit of priority 0 into L1 to its result.",
+                ),
+            )
+        }
+        fit = {
+            name: GaugeMetricFamily(f"tandem_{name}", text, labels=["model", "executor"])
+            for name, text in (
+                ("compute_base_ms", "An executor's fitted compute ms of a batch, fixed part."),
+                ("compute_per_item_ms", "An executor's fitted compute ms per task of a batch."),
+                ("compute_margin_ms", "How much slower than the fit a compute may be (tail)."),
+            )
+        }
         retry = GaugeMetricFamily(
             "tandem_retry_depth",
             "Redelivered tasks waiting to be computed alone.",
@@ -58,12 +92,19 @@ class Collector:
         }
         for model in models:
             l1.add_metric([model], self.table.l1_depth(model))
-            retry.add_metric([model], self.redis.llen(keys.retry(model)))
+            retry.add_metric([model], self.table.retry_depth(model))
             mine = [e for e in executors if e.model == model]
             for state in State:
                 states.add_metric([model, state.value], sum(e.state == state for e in mine))
             for e in mine:
                 l2.add_metric([model, e.id], e.l2_depth)
+                fit["compute_base_ms"].add_metric([model, e.id], e.base_ms)
+                fit["compute_per_item_ms"].add_metric([model, e.id], e.per_item_ms)
+                fit["compute_margin_ms"].add_metric([model, e.id], e.margin_ms)
+            if known := self.table.speed(model):
+                speed["capacity"].add_metric([model], known.rate)
+                ahead = self.table.ahead(model, priority=0)
+                speed["predicted_wait_ms"].add_metric([model], known.wait_ms(ahead))
             fields = {
                 k.decode(): float(v) for k, v in self.redis.hgetall(keys.metrics(model)).items()
             }
@@ -71,6 +112,10 @@ class Collector:
                 routes.add_metric([model, route], fields.get(f"route:{route}", 0.0))
             for outcome in ("SUCCESS", "FAILURE"):
                 outcomes.add_metric([model, outcome], fields.get(f"outcome:{outcome}", 0.0))
+            shed.add_metric([model, "submit"], fields.get("shed:submit", 0.0))
+            shed.add_metric([model, "claim"], fields.get("failure:DeadlineExceeded", 0.0))
+            goodput.add_metric([model], fields.get("deadline:met", 0.0))
+            late.add_metric([model], fields.get("deadline:missed", 0.0))
             for field, value in fields.items():
                 if field.startswith("failure:"):
                     failures.add_metric([model, field.partition(":")[2]], value)
@@ -80,7 +125,8 @@ class Collector:
                     running += fields.get(f"{name}:{bound}", 0.0)
                     buckets.append((str(bound), running))
                 histograms[name].add_metric([model], buckets, fields.get(f"{name}:sum", 0.0))
-        yield from (l1, l2, retry, states, routes, outcomes, failures, *histograms.values())
+        yield from (l1, l2, retry, states, routes, outcomes, failures, shed, goodput, late)
+        yield from (*speed.values(), *fit.values(), *histograms.values())
         yield from self._fleet(GaugeMetricFamily, CounterMetricFamily)
 
     def _fleet(self, gauge, counter) -> Iterator:

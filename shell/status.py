@@ -16,6 +16,7 @@ def snapshot(client: redis.Redis) -> dict:
     table = Table(client)
     executors = table.executors()
     models = table.models()
+    speeds = {m: table.speed(m) for m in models}
     return {
         "executors": [
             {
@@ -36,7 +37,12 @@ def snapshot(client: redis.Redis) -> dict:
                 "model": m,
                 "queue": keys.l1(m),
                 "l1": table.l1_depth(m),
-                "retry": client.llen(keys.retry(m)),
+                "retry": table.retry_depth(m),
+                # Measured by the executors; None before their first batch.
+                "capacity_rps": round(speeds[m].rate, 1) if speeds[m] else None,
+                "predicted_wait_ms": (
+                    round(speeds[m].wait_ms(table.ahead(m))) if speeds[m] else None
+                ),
             }
             for m in models
         ],
@@ -61,10 +67,17 @@ def tables(data: dict) -> Group:
             str(e["inflight"]),
         )
     queues = RichTable(title="first-level queues")
-    for column in ("model", "queue", "L1 depth", "retry (alone)"):
+    for column in ("model", "queue", "L1", "retry", "tasks/s", "wait ms"):
         queues.add_column(column)
     for q in data["queues"]:
-        queues.add_row(q["model"], q["queue"], str(q["l1"]), str(q["retry"]))
+        known = [q["capacity_rps"], q["predicted_wait_ms"]]
+        queues.add_row(
+            q["model"],
+            q["queue"],
+            str(q["l1"]),
+            str(q["retry"]),
+            *("-" if v is None else str(v) for v in known),
+        )
     dead = f"dead letters: {data['dead_letters']} (see `tandem dead`)"
     if data["poison"]:
         dead += f"; {data['poison']} poison tasks waiting for the coordinator to bury them"

@@ -26,6 +26,7 @@ EXTRA_FILES = {
     "tools/baselines.py": "bench",
     "tools/dashboard.py": "bench",
     "tools/fleet.py": "bench",
+    "tools/overload.py": "bench",
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
 }

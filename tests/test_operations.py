@@ -202,7 +202,17 @@ def test_status_json_and_watch(processes, settings):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["executors"][0]["state"] == "IDLE"
-    assert data["queues"] == [{"model": "sim:1", "queue": "tandem.l1.sim.1", "l1": 0, "retry": 0}]
+    # No batch computed yet: no measured capacity, no predicted wait.
+    assert data["queues"] == [
+        {
+            "model": "sim:1",
+            "queue": "tandem.l1.sim.1",
+            "l1": 0,
+            "retry": 0,
+            "capacity_rps": None,
+            "predicted_wait_ms": None,
+        }
+    ]
     assert data["poison"] == data["dead_letters"] == 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     env["TANDEM_REDIS_URL"] = settings.redis_url

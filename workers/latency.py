@@ -2,11 +2,12 @@
 
 Compute time is fitted as base_ms + per_item_ms x n by exponentially weighted least
 squares, so it follows the model or the device when their speed changes (the weight of
-a batch halves every HALF_LIFE batches). The tail is a margin: a high quantile of the
-recent prediction errors. Around the compute it measures the gap between two
-back-to-back computes (claims, top-ups, and preparing when the pipeline does not hide
-it), a mean, and the time from a compute's end to its stored results, by the same high
-quantile: a result stored late is as late as one computed late.
+a batch halves every HALF_LIFE batches). The tail is a margin: a high quantile of how
+much slower than the current fit the recent batches were (so the misfit of the first
+batches, before their sizes spread, does not outlive them). Around the compute it
+measures the gap between two back-to-back computes (claims, top-ups, and preparing when
+the pipeline does not hide it), a mean, and the time from a compute's end to its stored
+results, by the same high quantile: a result stored late is as late as one computed late.
 
 The executor predicts with it when a batch would be stored (workers/deadlines.py) and
 publishes it as a Speed, from which route.lua predicts the wait in L1.
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Collection
 
 from tandem.broker.state import Speed
 
 #: Batches after which an observation weighs half as much.
 HALF_LIFE = 32
-#: Recent prediction errors kept for the margin.
+#: Recent batches (size, ms) whose residuals against the fit make the margin.
 RESIDUALS = 64
 #: The quantile of those errors that the margin covers.
 TAIL = 0.98
@@ -77,9 +79,11 @@ class LatencyModel:
 
     def __init__(self, half_life: float = HALF_LIFE) -> None:
         self._fit = Fit(half_life)
-        self._errors: deque[float] = deque(maxlen=RESIDUALS)
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RESIDUALS)
+        self._margin = 0.0  # TAIL of the recent residuals, updated with each batch
         self._gap = Mean(half_life)
         self._returns: deque[float] = deque(maxlen=RESIDUALS)
+        self._return = 0.0  # TAIL of the recent returns
         self._lock = threading.Lock()
         self.batches = 0
 
@@ -101,10 +105,10 @@ class LatencyModel:
     def observe_compute(self, n: int, ms: float) -> None:
         """A forward pass of n tasks took ms of wall time."""
         with self._lock:
-            if self.batches:
-                self._errors.append(ms - self._compute(n))
             self._fit.add(n, ms)
+            self._recent.append((n, ms))
             self.batches += 1
+            self._margin = _tail([took - self._compute(size) for size, took in self._recent])
 
     def observe_gap(self, ms: float) -> None:
         """The device was free for ms between two computes while work was in hand."""
@@ -115,6 +119,7 @@ class LatencyModel:
         """From a compute's end to its results stored, ms."""
         with self._lock:
             self._returns.append(ms)
+            self._return = _tail(self._returns)
 
     def line(self) -> tuple[float, float]:
         """(base_ms, per_item_ms) of the compute fit."""
@@ -134,20 +139,20 @@ class LatencyModel:
 
     @property
     def margin_ms(self) -> float:
-        """How much slower than the fit a compute may be: TAIL of the recent errors."""
+        """How much slower than the fit a compute may be: TAIL of the recent residuals."""
         with self._lock:
-            return _tail(self._errors)
+            return self._margin
 
     @property
     def return_ms(self) -> float:
         """How long storing a batch's results may take: TAIL of the recent returns."""
         with self._lock:
-            return _tail(self._returns)
+            return self._return
 
     def finish_ms(self, n: int) -> float:
         """From a compute's start to its n results stored, with the tails."""
         with self._lock:
-            return self._compute(n) + _tail(self._errors) + _tail(self._returns)
+            return self._compute(n) + self._margin + self._return
 
     def speed(self, max_batch: int, *, pipeline: bool) -> Speed:
         """The rate at full batches, and the lag from a claim to the stored result: with the
@@ -158,8 +163,8 @@ class LatencyModel:
             compute = self._compute(max_batch)
             cycle = compute + self._gap.value
             wait = cycle if pipeline else self._gap.value
-            margin = _tail(self._errors)
-            lag = wait + compute + margin + _tail(self._returns)
+            margin = self._margin
+            lag = wait + compute + margin + self._return
             return Speed(
                 base_ms=base,
                 per_item_ms=per_item,
@@ -176,7 +181,7 @@ class LatencyModel:
         return a + b * n
 
 
-def _tail(values: deque[float]) -> float:
+def _tail(values: Collection[float]) -> float:
     """The TAIL quantile of values (nearest rank), at least 0; 0 for none."""
     if not values:
         return 0.0
