@@ -49,6 +49,7 @@ class Task:
     deadline: float | None = None
     queue: str | None = None  # the routing key it was published with
     sent_inputs: Any = None  # inputs as decoded, before the model's validate()
+    validated: bool = False  # inputs passed through the model's validate() (the executor)
     #: Celery canvas fields (callbacks, errbacks, chain, chord, group, group_index,
     #: root_id, parent_id), or None for a task with no next step and no group.
     canvas: dict | None = None

@@ -113,7 +113,11 @@ def test_the_plan_computes_the_most_tasks_that_meet_their_deadlines(
 
 
 class Echo:
+    def __init__(self) -> None:
+        self.validated: list = []
+
     def validate(self, inputs):
+        self.validated.append(inputs)
         return inputs
 
     def run(self, batch):
@@ -134,12 +138,13 @@ def queued(settings, r):
     table.register("busy", MODEL, worker="b", max_batch=8, ttl_ms=60_000, max_wait_ms=0, pid=1)
     table.register("prep", MODEL, worker="p", max_batch=8, ttl_ms=60_000, max_wait_ms=0, pid=1)
     client = Client(settings=settings)
+    model = Echo()
 
     def preparer(latency: LatencyModel, *, aware: bool = True, slo_ms: float = 0) -> Preparer:
         return Preparer(
             "prep",
             MODEL,
-            Echo(),
+            model,
             table,
             8,
             1 << 20,
@@ -148,7 +153,7 @@ def queued(settings, r):
             deadline_aware=aware,
         )
 
-    yield client, table, preparer
+    yield client, table, preparer, model
     client.close()
 
 
@@ -157,7 +162,7 @@ def claim_and_prepare(table: Table, preparer: Preparer):
 
 
 def test_a_batch_sheds_what_would_miss_and_computes_the_rest(queued):
-    client, table, preparer = queued
+    client, table, preparer, model = queued
     tight = client.submit_many(MODEL, ["t0", "t1"], deadline_s=0.4)
     loose = client.submit_many(MODEL, ["l0", "l1", "l2"], deadline_s=60)
     tasks = claim_and_prepare(table, preparer(learned(1000, 0)))  # a batch takes 1 s
@@ -168,10 +173,21 @@ def test_a_batch_sheds_what_would_miss_and_computes_the_rest(queued):
     assert all(by_input[name].error is None for name in ("l0", "l1", "l2"))
     assert {t.id for t in tight} | {t.id for t in loose} == {t.id for t in tasks}
     assert table.l1_depth(MODEL) == 0
+    assert model.validated == ["l0", "l1", "l2"]  # a shed task costs no validate()
+
+
+def test_a_flood_of_tasks_that_all_miss_is_shed_a_bounded_batch_at_a_time(queued):
+    client, table, preparer, model = queued
+    prep = preparer(learned(1000, 0))
+    client.submit_many(MODEL, list(range(prep.held_max + 100)), deadline_s=0.4)
+    tasks = claim_and_prepare(table, prep)
+    assert len(tasks) == prep.held_max
+    assert all(isinstance(task.error, DeadlineExceeded) for task in tasks)
+    assert table.l1_depth(MODEL) == 100 and not model.validated
 
 
 def test_priority_zero_is_kept_and_the_rest_goes_back_to_the_head_of_l1(queued):
-    client, table, preparer = queued
+    client, table, preparer, _ = queued
     # 1 s + 2 s a task: by 10 s a batch of at most 4 is stored (9 s; 5 would take 11 s).
     client.submit_many(MODEL, [f"low{n}" for n in range(4)], priority=9, deadline_s=10)
     client.submit_many(MODEL, [f"urgent{n}" for n in range(4)], priority=0, deadline_s=10)
@@ -186,7 +202,7 @@ def test_priority_zero_is_kept_and_the_rest_goes_back_to_the_head_of_l1(queued):
 
 
 def test_without_deadline_awareness_only_the_expired_fail_unrun(queued):
-    client, table, preparer = queued
+    client, table, preparer, _ = queued
     client.submit_many(MODEL, ["t0", "t1"], deadline_s=0.4)
     gone = client.submit(MODEL, "gone", deadline_s=0)
     tasks = claim_and_prepare(table, preparer(learned(1000, 0), aware=False))
@@ -196,7 +212,7 @@ def test_without_deadline_awareness_only_the_expired_fail_unrun(queued):
 
 
 def test_a_task_without_a_deadline_takes_the_model_slo(queued):
-    client, table, preparer = queued
+    client, table, preparer, _ = queued
     own = client.submit(MODEL, "own", deadline_s=60)
     default = client.submit(MODEL, "default")
     tasks = claim_and_prepare(table, preparer(learned(1000, 0), slo_ms=300))

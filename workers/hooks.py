@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from tandem.broker import metrics
-from tandem.broker.errors import DeadlineExceeded, Revoked
+from tandem.broker.errors import DeadlineExceeded, ModelError, Revoked
 from tandem.broker.message import TASK_NAME
 from tandem.workers.computed import Computed
 
@@ -142,7 +142,10 @@ class CeleryEvents(Hook):
                 parent_id=None,
                 timestamp=done.claimed_at,
             )
-            send("task-started", uuid=task.id, timestamp=done.started_at)
+            if task.error is None or isinstance(task.error, ModelError):
+                # Only a task that went into the forward pass started: one shed, expired
+                # or rejected before it goes from received to failed.
+                send("task-started", uuid=task.id, timestamp=done.started_at)
             if task.error is None:
                 send(
                     "task-succeeded",

@@ -1,12 +1,13 @@
 """The prepare stage, on the executor thread: claim a batch's messages, decode each, check
-it (its model, its deadline, a revocation) and validate its inputs. A bad task gets its
-error set; nothing is raised, so one bad message never stops a batch. With the pipeline
-on, the next batch is claimed and prepared early, while the last one computes.
+it (its model, its deadline, a revocation), plan the batch, and validate the inputs of
+the tasks planned in. A bad task gets its error set; nothing is raised, so one bad
+message never stops a batch. With the pipeline on, the next batch is claimed and
+prepared early, while the last one computes.
 
-Deadline-aware, each batch is then planned against its tasks' deadlines by the latency
+Deadline-aware, the plan weighs the batch against its tasks' deadlines by the latency
 model (workers/deadlines.py): a task that would miss is shed (DeadlineExceeded, never
-computed) and its slot refilled from L1; one that would meet it but does not fit goes
-back to the head of L1."""
+computed, never validated) and its slot refilled from L1; one that would meet it but
+does not fit goes back to the head of L1."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from tandem.broker.table import Table
 from tandem.workers.deadlines import plan
 from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model
+
+#: A batch stops refilling the slots of failed tasks (shed, expired, bad) once it holds
+#: HELD_PER_SLOT x max_batch tasks, or HELD_MIN if that is more.
+HELD_PER_SLOT = 8
+HELD_MIN = 256
 
 
 class Early(list):
@@ -52,6 +58,8 @@ class Preparer:
         self.latency = latency or LatencyModel()
         self.slo_ms = slo_ms  # a task without its own deadline must be answered this soon
         self.deadline_aware = deadline_aware
+        #: The most tasks one batch gathers while it refills the slots of failed ones.
+        self.held_max = max(HELD_PER_SLOT * max_batch, HELD_MIN)
 
     def batch(self, batch: list[bytes], *, revocations: bool) -> list[message.Task]:
         """The tasks of the batch in hand, prepared (or, if prepared early, checked
@@ -74,7 +82,8 @@ class Preparer:
         return Early([task.raw for task in tasks], tasks)
 
     def prepare(self, raws: list[bytes], *, revocations: bool) -> list[message.Task]:
-        """Decode and check each message. With revocations (Redis may hold revoke
+        """Decode and check each message (its model, its deadline; its inputs are
+        validated once it is planned in). With revocations (Redis may hold revoke
         records), a revoked one gets Revoked and is never computed."""
         now = datetime.now(timezone.utc)
         tasks = [message.decode(raw, max_bytes=self.max_bytes) for raw in raws]
@@ -103,15 +112,23 @@ class Preparer:
         """Plan the batch, and fill it from L1 up to max_batch: a batch prepared early
         (refill) takes what arrived while the last one computed; any batch refills the
         slots of tasks that failed before compute (expired, shed, bad input). Never from
-        the retry list. A batch that handed tasks back is closed: it takes no more."""
+        the retry list. A batch that handed tasks back is closed: it takes no more. Nor does
+        one that holds `held_max` tasks: under a flood of tasks that are all shed, each
+        batch stores its failures and the next claims on, so the work per claim stays
+        flat and the shed are told soon."""
         tasks, closed = self._plan(tasks, start_s)
-        ready = sum(task.error is None for task in tasks)
-        while not closed and ready < self.max_batch and (refill or len(tasks) > ready):
+        ready = self._validate(tasks)
+        while (
+            not closed
+            and ready < self.max_batch
+            and len(tasks) < self.held_max
+            and (refill or len(tasks) > ready)
+        ):
             more = self.table.claim(self.executor_id, self.model_ref, self.max_batch - ready)
             if not more:
                 break
             tasks, closed = self._plan(tasks + self.prepare(more, revocations=revocations), start_s)
-            ready = sum(task.error is None for task in tasks)
+            ready = self._validate(tasks)
             refill = False
         return tasks
 
@@ -151,13 +168,23 @@ class Preparer:
             )
         task.deadline = self._deadline(task)
         task.check_deadline(now)
-        if task.error is None:
-            try:
-                task.inputs = self.model.validate(task.inputs)
-            except TandemError as e:
-                task.error = e
-            except Exception as e:  # noqa: BLE001 - a validator bug fails the task, not the executor
-                task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
+
+    def _validate(self, tasks: list[message.Task]) -> int:
+        """Run the model's validate() (tokenizing included) on each live task not yet
+        validated: after the plan, so a task shed or handed back costs none of it.
+        Returns how many tasks are live after it."""
+        live = 0
+        for task in tasks:
+            if task.error is None and not task.validated:
+                task.validated = True
+                try:
+                    task.inputs = self.model.validate(task.inputs)
+                except TandemError as e:
+                    task.error = e
+                except Exception as e:  # noqa: BLE001 - a validator bug fails the task alone
+                    task.error = BadInput(f"inputs rejected: {type(e).__name__}: {e}")
+            live += task.error is None
+        return live
 
     def _deadline(self, task: message.Task) -> float | None:
         """Its own (Celery's expires), else its send time plus the model's SLO."""
