@@ -105,3 +105,41 @@ def test_the_overhead_profile_names_an_unknown_system(tmp_path):
     done = tandem("bench", "--profile", "overhead", "--systems", "nope", cwd=tmp_path)
     assert done.returncode == 2
     assert "unknown system 'nope'" in done.stderr
+
+
+def test_the_overload_profile_accounts_for_every_task(tmp_path):
+    """One point at twice an assumed capacity, and the cost of shedding on a tiny scale:
+    every task sent is good, late, shed, failed, unfinished or lost, and none is lost."""
+    pytest.importorskip("matplotlib")
+    from tandem.broker.settings import load_settings
+    from tandem.tools import overload, shed
+    from tandem.tools.bench import SYSTEMS
+
+    settings = load_settings(env={}).replace(models=(overload.MODEL,), loglevel="WARNING")
+    row = overload.run_point(
+        SYSTEMS["tandem"],
+        settings,
+        load=2.0,
+        capacity=400.0,
+        slo_ms=250.0,
+        seconds=1.0,
+        workers=1,
+        drain_s=5.0,
+    )
+    good = round(row["goodput_rps"] * 1.0)
+    parts = ("late", "shed_submit", "shed_claim", "failed", "unfinished", "lost")
+    assert row["sent"] == good + sum(row[p] for p in parts)
+    assert row["lost"] == 0 and row["failed"] == 0 and row["sent"] > 0
+    assert row["computed"] == good + row["late"]
+    overload.plot([row], str(tmp_path / "overload.png"), "tiny")
+    assert (tmp_path / "overload.png").stat().st_size > 0
+    shedding, computing = shed.measure(settings, 200)
+    assert shedding["answered"] == computing["answered"] == 200
+    assert 0 < shedding["shed_by_prediction"] <= 200
+    assert shedding["worker_cpu_us_per_task"] > 0 and computing["redis_cpu_us_per_task"] > 0
+
+
+def test_the_overload_profile_names_a_bad_load(tmp_path):
+    done = tandem("bench", "--profile", "overload", "--loads", "2,x", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--loads" in done.stderr

@@ -59,6 +59,12 @@ def demo(workers, rates, seconds, **flags) -> None:
     "--loads", help="overload: comma-separated multiples of capacity (default 0.5,1,2,4)."
 )
 @click.option("--slos-ms", help="overload: comma-separated SLOs in ms (default 100,250).")
+@click.option(
+    "--shed-tasks",
+    type=int,
+    help="overload: tasks to shed at claim for the cost per shed task (default 20000, "
+    "quick 5000; 0 skips it).",
+)
 @click.option("--workers", type=int, default=2, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
@@ -71,6 +77,7 @@ def bench(
     seconds,
     loads,
     slos_ms,
+    shed_tasks,
     workers,
     json_path,
     plot_path,
@@ -83,7 +90,8 @@ def bench(
         require("embed", "tandem bench --profile embed")
     if profile == "overload":
         setup_logging("WARNING")
-        _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path, plot_path)
+        sweep = (loads, slos_ms, seconds, shed_tasks)
+        _overload_bench(quick, systems, sweep, workers, json_path, plot_path)
         return
     systems = systems or ",".join(DEFAULT_SYSTEMS[profile == "prep"])
     if profile in ("fleet", "overhead"):
@@ -137,10 +145,10 @@ def _numbers(text: str | None, default: tuple[float, ...], hint: str) -> tuple[f
         raise click.BadParameter(str(e), param_hint=hint) from e
 
 
-def _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path, plot_path):
+def _overload_bench(quick, systems, sweep, workers, json_path, plot_path):
     from rich.console import Console
 
-    from tandem.tools import overload
+    from tandem.tools import overload, shed
     from tandem.tools.bench import SYSTEMS
 
     names = (
@@ -153,6 +161,7 @@ def _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path,
         raise click.BadParameter(
             f"unknown system {unknown[0]!r}; known: {', '.join(SYSTEMS)}", param_hint="--systems"
         )
+    loads, slos_ms, seconds, shed_tasks = sweep
     loads = _numbers(loads, (0.5, 2.0, 4.0) if quick else overload.LOADS, "--loads")
     slos = _numbers(slos_ms, (250.0,) if quick else overload.SLOS_MS, "--slos-ms")
     seconds = seconds or (4.0 if quick else 8.0)
@@ -177,10 +186,15 @@ def _overload_bench(quick, systems, loads, slos_ms, seconds, workers, json_path,
         "goodput over all computed; shed submit = Overloaded; shed claim = DeadlineExceeded "
         "(Celery: REVOKED, expired); late = computed after the deadline."
     )
+    shed_tasks = (5000 if quick else 20000) if shed_tasks is None else shed_tasks
+    costs = shed.measure(load_settings(), shed_tasks) if shed_tasks > 0 else []
+    if costs:
+        console.print(shed.table(costs))
     if json_path:
         from pathlib import Path
 
-        Path(json_path).write_text(json.dumps(rows, indent=2) + "\n")
+        out = {"points": rows, "shed_cost": costs}
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
     if plot_path:
         overload.plot(rows, plot_path, title)
 

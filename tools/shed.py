@@ -98,3 +98,16 @@ def _predicted(running: Running, task_ids: list[str]) -> int:
     return sum(
         1 for raw in stored if raw and "would miss its deadline" in str(json.loads(raw)["result"])
     )
+
+
+def table(rows: list[dict[str, Any]]):
+    from rich.table import Table
+
+    out = Table(title="the cost of shedding at claim, one worker (CPU per task)")
+    columns = ("what", "tasks", "answered", "shed_by_prediction")
+    columns += ("worker_cpu_us_per_task", "redis_cpu_us_per_task", "elapsed_s")
+    for column in columns:
+        out.add_column(column.replace("_", " "), justify="left" if column == "what" else "right")
+    for row in rows:
+        out.add_row(*(str(row[c]) for c in columns))
+    return out
