@@ -46,7 +46,7 @@ RESULT_PREFIX = "celery-task-meta-"
 #: HASH per executor: model, worker, state, cap (its room: how many more tasks its L2
 #: takes now, 0 unless IDLE or WAITING), max_batch, expires_ms, batches, tasks,
 #: `ready`, the key of its model's ready set, and its latency model (base_ms,
-#: per_item_ms, margin_ms, rate, lag_ms; see speed()).
+#: per_item_ms, margin_ms, rate, lag_ms, extra_ms; see speed()).
 EXECUTOR_PREFIX = "tandem:executor:"
 #: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.
 L2_PREFIX = "tandem:l2:"
@@ -140,8 +140,10 @@ def deliveries(raw: bytes) -> str:
 def speed(model: str) -> str:
     """HASH of the model's speed over its live executors, kept by the scripts from each
     executor's latency model: rate (tasks/s at full batches, summed), rate_lag (the sum
-    of rate x lag_ms, where lag_ms is the time from a claim to the stored result) and
-    rate_batch (the sum of rate x max_batch). route.lua predicts L1 waits from it."""
+    of rate x lag_ms, where lag_ms is the time from a claim to the stored result),
+    rate_extra (of rate x extra_ms, the pipeline's wait for the compute in hand),
+    rate_batch (of rate x max_batch) and batches (the sum of max_batch). route.lua
+    predicts L1 waits from it."""
     parse_model(model)
     return f"tandem:speed:{model}"
 

@@ -44,7 +44,8 @@ class ExecutorInfo:
     per_item_ms: float = 0.0
     margin_ms: float = 0.0
     rate: float = 0.0  # tasks/s at full batches
-    lag_ms: float = 0.0  # from a claim under load to the stored result
+    lag_ms: float = 0.0  # from a claim to the stored result
+    extra_ms: float = 0.0  # more, when claimed early into a batch that waits (pipeline)
 
     @property
     def mean_batch(self) -> float:
@@ -82,14 +83,16 @@ class ExecutorInfo:
             margin_ms=real("margin_ms"),
             rate=real("rate"),
             lag_ms=real("lag_ms"),
+            extra_ms=real("extra_ms"),
         )
 
 
 @dataclass(frozen=True)
 class Speed:
     """What an executor publishes of its latency model. Units are in the names; rate is
-    tasks per second at full batches, lag_ms the time from a claim from L1 under load to
-    the stored result."""
+    tasks per second at full batches, lag_ms the time from a claim from L1 to the stored
+    result, extra_ms what a task claimed early (the pipeline) waits more: the compute in
+    hand."""
 
     base_ms: float
     per_item_ms: float
@@ -97,6 +100,7 @@ class Speed:
     rate: float
     lag_ms: float
     max_batch: int
+    extra_ms: float = 0.0
 
     def close_to(self, other: Speed | None, tolerance: float = 0.02) -> bool:
         """Within `tolerance` (relative) of other in rate and lag: not worth republishing."""
@@ -104,18 +108,25 @@ class Speed:
             return False
         return all(
             abs(a - b) <= tolerance * max(abs(b), 1e-9)
-            for a, b in ((self.rate, other.rate), (self.lag_ms, other.lag_ms))
+            for a, b in (
+                (self.rate, other.rate),
+                (self.lag_ms, other.lag_ms),
+                (self.extra_ms, other.extra_ms),
+            )
         )
 
 
 @dataclass(frozen=True)
 class ModelSpeed:
     """A model's speed over its live executors (keys.speed), as route.lua reads it: rate
-    in tasks/s, lag_ms and batch the rate-weighted means of their lags and max batches."""
+    in tasks/s; lag_ms, extra_ms and batch the rate-weighted means of their lags, extra
+    waits and max batches; held, the tasks their batches claimed early hold at most."""
 
     rate: float
     lag_ms: float
+    extra_ms: float
     batch: float
+    held: int
 
     @classmethod
     def from_hash(cls, h: dict) -> ModelSpeed | None:
@@ -123,12 +134,21 @@ class ModelSpeed:
         rate = _finite(h.get(b"rate"))
         if rate <= 1e-6:
             return None
-        return cls(rate, _finite(h.get(b"rate_lag")) / rate, _finite(h.get(b"rate_batch")) / rate)
+        return cls(
+            rate=rate,
+            lag_ms=_finite(h.get(b"rate_lag")) / rate,
+            extra_ms=_finite(h.get(b"rate_extra")) / rate,
+            batch=_finite(h.get(b"rate_batch")) / rate,
+            held=max(int(_finite(h.get(b"batches"))), 1),
+        )
 
     def wait_ms(self, ahead: int) -> float:
         """The predicted time from a submit into L1 to its result, with `ahead` tasks
-        before it: route.lua's formula (a claim comes after half a batch, on average)."""
-        return (ahead + self.batch / 2) * 1000 / self.rate + self.lag_ms
+        before it: route.lua's formula. A claim comes after half a batch, on average; a
+        task waits for the computes in hand too once the batches claimed early are full,
+        as they surely are with `held` tasks ahead."""
+        full = min(1.0, ahead / self.held)
+        return (ahead + self.batch / 2) * 1000 / self.rate + self.lag_ms + self.extra_ms * full
 
 
 def _finite(raw: bytes | None) -> float:

@@ -319,11 +319,10 @@ class Table:
         for field, value in counters.items():
             args.extend((field, value))
         if speed is None:
-            args.extend(("", 0, 0, 0, 0))
+            args.extend(("", 0, 0, 0, 0, 0))
         else:
-            args.extend(
-                (speed.rate, speed.lag_ms, speed.base_ms, speed.per_item_ms, speed.margin_ms)
-            )
+            s = speed
+            args.extend((s.rate, s.lag_ms, s.extra_ms, s.base_ms, s.per_item_ms, s.margin_ms))
         for entry in entries:
             args.extend(entry)
         script_keys = [

@@ -60,9 +60,9 @@ def test_the_published_speed_counts_the_wait_for_the_compute_in_hand():
     latency.observe_return(3.0)
     piped, serial = latency.speed(32, pipeline=True), latency.speed(32, pipeline=False)
     assert piped.rate == serial.rate == pytest.approx(32 * 1000 / (42 + 2))
-    # A batch claimed early waits for the compute in hand (42 + 2 ms) before its own.
-    assert serial.lag_ms == pytest.approx(2 + 42 + 3)
-    assert piped.lag_ms == pytest.approx(serial.lag_ms + 42)
+    assert piped.lag_ms == serial.lag_ms == pytest.approx(2 + 42 + 3)
+    # A batch claimed early waits for the compute in hand (42 ms) before its own.
+    assert (piped.extra_ms, serial.extra_ms) == (pytest.approx(42), 0)
 
 
 # The batch plan (pure logic, any input)
@@ -467,3 +467,40 @@ def test_the_executor_follows_its_model_when_it_slows_down(settings, r):
     finally:
         beat.stop()
         executor.stop()
+
+
+def test_the_speed_hash_sums_the_live_executors_and_route_predicts_as_python_does(settings, r):
+    """Scripts keep the sums exact through publish, STOPPING and reclaim; route.lua's
+    prediction is ModelSpeed.wait_ms, below and above the batches claimed early."""
+    from tandem.broker.state import Speed, State
+
+    table = Table(r)
+    for name in ("a", "b"):
+        table.register(name, MODEL, worker=name, max_batch=8, ttl_ms=60_000, max_wait_ms=0, pid=1)
+
+    def publish(name: str, rate: float, lag: float, extra: float) -> None:
+        speed = Speed(1.0, 0.5, 0.2, rate=rate, lag_ms=lag, max_batch=8, extra_ms=extra)
+        table.complete(name, [], model=MODEL, speed=speed)
+
+    publish("a", 100, 40, 10)
+    publish("b", 300, 20, 30)
+    publish("b", 300, 20, 30)  # published again: replaced, not added
+    speed = table.speed(MODEL)
+    assert (speed.rate, speed.held, speed.batch) == (400, 16, 8)
+    assert speed.lag_ms == pytest.approx((100 * 40 + 300 * 20) / 400)
+    assert speed.extra_ms == pytest.approx((100 * 10 + 300 * 30) / 400)
+    client = Client(settings=settings)
+    try:
+        for ahead in (0, 5, 40):
+            while table.ahead(MODEL) < ahead:
+                client.submit(MODEL, "x", deadline_s=60)
+            with pytest.raises(Overloaded) as refused:
+                client.submit(MODEL, "late", deadline_s=0.001)
+            assert refused.value.ahead == ahead
+            assert refused.value.wait_s * 1000 == pytest.approx(speed.wait_ms(ahead), abs=1)
+    finally:
+        client.close()
+    table.set_state("a", MODEL, State.STOPPING)
+    assert table.speed(MODEL).rate == 300 and table.speed(MODEL).held == 8
+    table.reclaim("b", MODEL, force=True)
+    assert table.speed(MODEL) is None and not r.exists(keys.speed(MODEL))

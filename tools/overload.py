@@ -17,6 +17,7 @@ second here) never delays what is recorded.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import shutil
 import tempfile
@@ -291,6 +292,9 @@ def run_overload(
     progress=None,
 ) -> list[dict[str, Any]]:
     settings = settings.replace(models=(MODEL,), max_wait_ms=0.0)
+    # A producer that falls behind sends Celery tasks whose expires has passed: Celery
+    # warns once per task, which would slow the producer it measures.
+    logging.getLogger("celery.app.base").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tandem-capacity-") as folder:
         capacity = measure_capacity(settings, workers, Path(folder))
     rows = []

@@ -155,23 +155,21 @@ class LatencyModel:
             return self._compute(n) + self._margin + self._return
 
     def speed(self, max_batch: int, *, pipeline: bool) -> Speed:
-        """The rate at full batches, and the lag from a claim to the stored result: with the
-        pipeline a batch is claimed as the one before it starts computing, so it waits
-        for that compute too."""
+        """The rate at full batches; the lag from a claim to the stored result; and, with
+        the pipeline, the extra wait of a batch claimed early, as the one before it starts
+        computing: that compute."""
         with self._lock:
             base, per_item = self._fit.line()
             compute = self._compute(max_batch)
             cycle = compute + self._gap.value
-            wait = cycle if pipeline else self._gap.value
-            margin = self._margin
-            lag = wait + compute + margin + self._return
             return Speed(
                 base_ms=base,
                 per_item_ms=per_item,
-                margin_ms=margin,
+                margin_ms=self._margin,
                 rate=max_batch * 1000 / cycle if cycle > 0 else 0.0,
-                lag_ms=lag,
+                lag_ms=self._gap.value + compute + self._margin + self._return,
                 max_batch=max_batch,
+                extra_ms=compute if pipeline else 0.0,
             )
 
     def _compute(self, n: int) -> float:

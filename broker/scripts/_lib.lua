@@ -155,21 +155,26 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
 end
 
 -- An executor's share of its model's speed hash (keys.speed): the sums of rate, of
--- rate x lag_ms and of rate x max_batch over the live executors. set_speed replaces
--- the share of the executor whose hash is given; rate 0 takes it out. The sums are
--- kept exact by every script that changes an executor's rate, and the hash goes once
--- no rate is left in it, so no float error outlives the executors.
-local function set_speed(hash, speed, rate, lag)
-  local old = redis.call('HMGET', hash, 'rate', 'lag_ms', 'max_batch')
+-- rate x lag_ms, of rate x extra_ms and of rate x max_batch, and the sum of max_batch,
+-- over the live executors with a rate. set_speed replaces the share of the executor
+-- whose hash is given; rate 0 takes it out. The sums are kept exact by every script
+-- that changes an executor's rate, and the hash goes once no rate is left in it, so no
+-- float error outlives the executors.
+local function set_speed(hash, speed, rate, lag, extra)
+  local old = redis.call('HMGET', hash, 'rate', 'lag_ms', 'max_batch', 'extra_ms')
   local old_rate, old_lag = tonumber(old[1]) or 0, tonumber(old[2]) or 0
-  local batch = tonumber(old[3]) or 0
+  local batch, old_extra = tonumber(old[3]) or 0, tonumber(old[4]) or 0
   if old_rate == 0 and rate == 0 then return end
-  redis.call('HSET', hash, 'rate', rate, 'lag_ms', lag)
+  redis.call('HSET', hash, 'rate', rate, 'lag_ms', lag, 'extra_ms', extra)
   local left = tonumber(redis.call('HINCRBYFLOAT', speed, 'rate', rate - old_rate))
   if left <= 1e-6 then
     redis.call('DEL', speed)
     return
   end
   redis.call('HINCRBYFLOAT', speed, 'rate_lag', rate * lag - old_rate * old_lag)
+  redis.call('HINCRBYFLOAT', speed, 'rate_extra', rate * extra - old_rate * old_extra)
   redis.call('HINCRBYFLOAT', speed, 'rate_batch', (rate - old_rate) * batch)
+  if (rate > 0) ~= (old_rate > 0) then
+    redis.call('HINCRBY', speed, 'batches', rate > 0 and batch or -batch)
+  end
 end

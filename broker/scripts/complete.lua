@@ -6,12 +6,12 @@
 -- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash, and the
 --       speed hash when a latency model is given
 -- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, M, then M (metrics field,
---       increment) pairs, then rate, lag_ms, base_ms, per_item_ms, margin_ms (rate ''
---       when not given), then (raw message, result key, result JSON) triples; an
+--       increment) pairs, then rate, lag_ms, extra_ms, base_ms, per_item_ms, margin_ms
+--       (rate '' when not given), then (raw message, result key, result JSON) triples; an
 --       empty result key means the JSON is a dead-letter record (a message without a
 --       usable id).
 local speed = 5 + 2 * tonumber(ARGV[4])
-local first = speed + 5
+local first = speed + 6
 for i = 5, speed - 1, 2 do
   local by = ARGV[i + 1]
   if string.find(by, '^-?%d+$') then
@@ -44,9 +44,10 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBY', KEYS[2], 'tasks', n)
   redis.call('HINCRBY', KEYS[2], 'batches', 1)
   if ARGV[speed] ~= '' and KEYS[6] then
-    redis.call('HSET', KEYS[2], 'base_ms', ARGV[speed + 2], 'per_item_ms', ARGV[speed + 3],
-      'margin_ms', ARGV[speed + 4])
-    set_speed(KEYS[2], KEYS[6], tonumber(ARGV[speed]), tonumber(ARGV[speed + 1]))
+    redis.call('HSET', KEYS[2], 'base_ms', ARGV[speed + 3], 'per_item_ms', ARGV[speed + 4],
+      'margin_ms', ARGV[speed + 5])
+    set_speed(KEYS[2], KEYS[6], tonumber(ARGV[speed]), tonumber(ARGV[speed + 1]),
+      tonumber(ARGV[speed + 2]))
   end
 end
 return n

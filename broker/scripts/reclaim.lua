@@ -44,7 +44,7 @@ if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivere
 if poisoned > 0 then redis.call('HINCRBY', KEYS[6], 'poisoned', poisoned) end
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
-set_speed(KEYS[1], KEYS[14], 0, 0)
+set_speed(KEYS[1], KEYS[14], 0, 0, 0)
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[13], ARGV[1])

@@ -5,7 +5,7 @@
 --       speed hash
 -- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid, max_queue,
 --       max_queue hash, ready set, slo ms, slo hash
-set_speed(KEYS[1], KEYS[7], 0, 0)
+set_speed(KEYS[1], KEYS[7], 0, 0, 0)
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
   'state', 'WORKING', 'cap', 0, 'max_batch', ARGV[4], 'max_wait_ms', ARGV[6],
   'pid', ARGV[7], 'expires_ms', now_ms() + tonumber(ARGV[5]),

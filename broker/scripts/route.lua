@@ -10,7 +10,11 @@
 -- A task bound for L1 that has a deadline (its own, else the model's SLO) is refused
 -- when the predicted wait passes it: the tasks ahead of it (the retry list and L1 at
 -- its priority and above) over the model's rate, plus the lag from a claim to the
--- result (keys.speed). Nothing is predicted while no executor has published a rate.
+-- result (keys.speed). With the pipeline, a task that finds the batches claimed early
+-- full waits for the computes in hand too (extra): sure once as many tasks are ahead
+-- as those batches hold, and taken in proportion below that, where a task mostly
+-- joins a batch as it is topped up. Nothing is predicted while no executor has
+-- published a rate. ModelSpeed.wait_ms in broker/state.py is the same formula.
 -- KEYS: ready set, models set, target L1 key, changes, retry list, speed hash,
 --       slo hash, then the L1 keys of every priority
 -- ARGV: model, executor key prefix, L2 key prefix, max_queue hash, metrics hash,
@@ -30,7 +34,7 @@ if budget < 0 then
   budget = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or 0)
   if budget <= 0 then budget = nil end
 end
-local depth, ahead, rate, lag, batch = nil, nil, nil, 0, 0
+local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
 local out, to_l1, routed, refused = {}, 0, 0, 0
 local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now)
 
@@ -38,17 +42,19 @@ local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now)
 local function wait()
   if not budget then return nil end
   if not rate then
-    local s = redis.call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_batch')
+    local s = redis.call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
+      'batches')
     rate = tonumber(s[1]) or 0
     if rate > 1e-6 then
-      lag, batch = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
+      lag, extra = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
+      batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
     end
     ahead = redis.call('LLEN', KEYS[5])
     for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + redis.call('LLEN', KEYS[k]) end
   end
   if rate <= 1e-6 then return nil end
   -- Claims take batches of about `batch`: the next one comes after half of one, on average.
-  return (ahead + batch / 2) * 1000 / rate + lag
+  return (ahead + batch / 2) * 1000 / rate + lag + extra * math.min(1, ahead / held)
 end
 
 for i = 9, #ARGV do

@@ -11,7 +11,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2])
 if ARGV[2] == 'STOPPING' then
   redis.call('HSET', KEYS[1], 'cap', 0)
   not_ready(KEYS[1], ARGV[1])
-  set_speed(KEYS[1], KEYS[3], 0, 0)
+  set_speed(KEYS[1], KEYS[3], 0, 0, 0)
 elseif ARGV[2] == 'WAITING' then
   local room = tonumber(redis.call('HGET', KEYS[1], 'cap')) or 0
   if room > 0 then ready_at(KEYS[1], ARGV[1], room) else not_ready(KEYS[1], ARGV[1]) end
