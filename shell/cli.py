@@ -133,7 +133,12 @@ def coordinator(**flags) -> None:
 @click.argument("model")
 @click.argument("inputs_json")
 @click.option("--priority", type=int, default=0, help="0 (first) to 9.")
-@click.option("--deadline-s", type=float, help="Fail the task if not computed in time.")
+@click.option(
+    "--deadline-s",
+    type=float,
+    help="Seconds the answer is worth waiting for: refused at once (Overloaded) or failed "
+    "unrun (DeadlineExceeded) when it would come later (default: the model's slo_ms).",
+)
 @click.option("--timeout-s", type=float, default=60.0, help="How long to wait for the result.")
 def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> None:
     """Submit one task and print its result as JSON."""

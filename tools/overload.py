@@ -369,7 +369,9 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
         offered = sorted({r["offered_rps"] for r in mine})
         axis.plot(offered, offered, color="lightgrey", linestyle=":", label="offered")
         axis.axhline(capacity, color="grey", linestyle="--", label="capacity (measured)")
-        axis.axhline(0.9 * capacity, color="grey", linestyle=":", linewidth=0.8)
+        axis.axhline(
+            0.9 * capacity, color="grey", linestyle=":", linewidth=0.8, label="90 % of capacity"
+        )
         axis.set(
             xlabel="offered load (req/s)",
             ylabel="goodput (SUCCESS within the SLO, req/s)",
