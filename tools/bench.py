@@ -13,7 +13,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,25 +183,35 @@ def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
         out.append(t)
 
 
-def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -> dict[str, float]:
-    """Submit at the scheduled times (open loop); late arrivals go out together."""
-    due: dict[str, float] = {}
-    start = time.perf_counter()
+def due_groups(
+    schedule: list[float], check: Callable[[], None], clock: Callable[[], float] = time.perf_counter
+) -> Iterator[tuple[int, int, float]]:
+    """Open-loop pacing: sleeps until the next arrival is due, then yields (i, j, start):
+    the arrivals schedule[i:j] due now (a producer that fell behind sends them together),
+    and the clock at the start. check() runs before each wait."""
+    start = clock()
     i = 0
     while i < len(schedule):
-        running.check()
-        now = time.perf_counter() - start
+        check()
+        now = clock() - start
         if schedule[i] > now:
             time.sleep(schedule[i] - now)  # pacing the open-loop arrivals
             continue
         j = i
         while j < len(schedule) and schedule[j] <= now:
             j += 1
+        yield i, j, start
+        i = j
+
+
+def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -> dict[str, float]:
+    """Submit at the scheduled times (open loop); late arrivals go out together."""
+    due: dict[str, float] = {}
+    for i, j, start in due_groups(schedule, running.check):
         for k, task_id in zip(
             range(i, j), running.submit([make(k) for k in range(i, j)]), strict=True
         ):
             due[task_id] = start + schedule[k]
-        i = j
     return due
 
 
@@ -357,18 +367,23 @@ COLUMNS = (
 
 
 def table(rows: list[dict[str, Any]], title: str):
+    return rows_table(title, COLUMNS, rows, dim=lambda row: row["system"] == "limit")
+
+
+def rows_table(title: str, columns, rows: list[dict[str, Any]], *, dim=lambda row: False):
+    """A rich table of rows (dicts) in `columns`, the first on the left, None as "-"."""
     from rich.table import Table
 
     out = Table(title=title)
-    for column in COLUMNS:
-        if column == "system":
-            out.add_column("system", no_wrap=True, min_width=19)
+    for n, column in enumerate(columns):
+        if n == 0:
+            out.add_column(column.replace("_", " "), no_wrap=True, min_width=19)
         else:
             out.add_column(column.replace("_", " "), justify="right")
     for row in rows:
         out.add_row(
-            *("-" if row[c] is None else str(row[c]) for c in COLUMNS),
-            style="dim" if row["system"] == "limit" else None,
+            *("-" if row[c] is None else str(row[c]) for c in columns),
+            style="dim" if dim(row) else None,
         )
     return out
 

@@ -33,7 +33,7 @@ from tandem.broker import keys
 from tandem.broker.errors import Overloaded, ProcessExited, QueueFull
 from tandem.broker.settings import Settings
 from tandem.tools import baselines
-from tandem.tools.bench import SYSTEMS, Running, System, arrivals
+from tandem.tools.bench import SYSTEMS, Running, System, arrivals, due_groups, rows_table
 from tandem.tools.load import percentile
 from tandem.tools.samples import sampler
 
@@ -150,23 +150,12 @@ def drive(
     due: dict[str, float] = {}
     refused = 0
     behind: list[float] = []
-    start = time.time()
-    i = 0
-    while i < len(schedule):
-        running.check()
-        now = time.time() - start
-        if schedule[i] > now:
-            time.sleep(schedule[i] - now)  # pacing the open-loop arrivals
-            continue
-        j = i
-        while j < len(schedule) and schedule[j] <= now:
-            j += 1
+    for i, j, start in due_groups(schedule, running.check, clock=time.time):
         at = start + schedule[i]
         behind.append((time.time() - at) * 1000)
         ids, n = submit(running, [make(k) for k in range(i, j)], at + slo_ms / 1000)
         refused += n
         due.update(dict.fromkeys(ids, at))
-        i = j
     return due, refused, behind
 
 
@@ -337,14 +326,7 @@ COLUMNS = (
 
 
 def table(rows: list[dict[str, Any]], title: str):
-    from rich.table import Table
-
-    out = Table(title=title)
-    for column in COLUMNS:
-        out.add_column(column.replace("_", " "), justify="left" if column == "system" else "right")
-    for row in rows:
-        out.add_row(*("-" if row[c] is None else str(row[c]) for c in COLUMNS))
-    return out
+    return rows_table(title, COLUMNS, rows)
 
 
 def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:

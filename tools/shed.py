@@ -19,7 +19,7 @@ from typing import Any
 
 from tandem.broker import keys, message
 from tandem.broker.settings import Settings
-from tandem.tools.bench import SYSTEMS, Running
+from tandem.tools.bench import SYSTEMS, Running, rows_table
 from tandem.tools.fleet import RedisMeter
 from tandem.tools.overload import MODEL, Recorder
 
@@ -101,13 +101,6 @@ def _predicted(running: Running, task_ids: list[str]) -> int:
 
 
 def table(rows: list[dict[str, Any]]):
-    from rich.table import Table
-
-    out = Table(title="the cost of shedding at claim, one worker (CPU per task)")
     columns = ("what", "tasks", "answered", "shed_by_prediction")
     columns += ("worker_cpu_us_per_task", "redis_cpu_us_per_task", "elapsed_s")
-    for column in columns:
-        out.add_column(column.replace("_", " "), justify="left" if column == "what" else "right")
-    for row in rows:
-        out.add_row(*(str(row[c]) for c in columns))
-    return out
+    return rows_table("the cost of shedding at claim, one worker (CPU per task)", columns, rows)
