@@ -27,6 +27,7 @@ from tandem.broker.errors import BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"
+_TASK_NAME = json.dumps(TASK_NAME)  # as it stands in an envelope
 ACCEPTED = (JSON, payload.CONTENT_TYPE)
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 #: infer(model, inputs): how positional arguments bind.
@@ -87,41 +88,26 @@ def encode(
         body = payload.dumps(triple)
     else:
         body = json.dumps(triple, separators=(",", ":"), allow_nan=False).encode()
-    headers = {
-        "lang": "py",
-        "task": TASK_NAME,
-        "id": task_id,
-        "shadow": None,
-        "eta": None,
-        "expires": expires.isoformat() if expires else None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": task_id,
-        "parent_id": None,
-        "argsrepr": "()",
-        "kwargsrepr": f"{{'model': {model!r}, 'inputs': ...}}",
-        "origin": "tandem",
-        "ignore_result": False,
-        "tandem_sent_at": time.time(),
-    }
-    envelope = {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "binary" if binary else "utf-8",
-        "content-type": payload.CONTENT_TYPE if binary else JSON,
-        "headers": headers,
-        "properties": {
-            "correlation_id": task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": priority,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
-    return task_id, json.dumps(envelope, separators=(",", ":"))
+    quoted_id = json.dumps(task_id)
+    sent_at = time.time()
+    kwargsrepr = json.dumps(f"{{'model': {model!r}, 'inputs': ...}}")
+    # The kombu envelope, written out directly (on every submit's path): the same JSON as
+    # json.dumps of the nested dicts with separators (",", ":"), keys in this order.
+    envelope = (
+        f'{{"body":"{base64.b64encode(body).decode()}",'
+        f'"content-encoding":"{"binary" if binary else "utf-8"}",'
+        f'"content-type":{json.dumps(payload.CONTENT_TYPE if binary else JSON)},'
+        f'"headers":{{"lang":"py","task":{_TASK_NAME},"id":{quoted_id},"shadow":null,'
+        f'"eta":null,"expires":{json.dumps(expires.isoformat()) if expires else "null"},'
+        f'"group":null,"group_index":null,"retries":0,"timelimit":[null,null],'
+        f'"root_id":{quoted_id},"parent_id":null,"argsrepr":"()","kwargsrepr":{kwargsrepr},'
+        f'"origin":"tandem","ignore_result":false,"tandem_sent_at":{sent_at!r}}},'
+        f'"properties":{{"correlation_id":{quoted_id},"reply_to":"","delivery_mode":2,'
+        f'"delivery_info":{{"exchange":"","routing_key":{json.dumps(queue)}}},'
+        f'"priority":{int(priority)},"body_encoding":"base64",'
+        f'"delivery_tag":"{uuid.uuid4()}"}}}}'
+    )
+    return task_id, envelope
 
 
 def decode(raw: bytes, *, max_bytes: int) -> Task:

@@ -102,10 +102,19 @@ class Speed:
     max_batch: int
     extra_ms: float = 0.0
 
-    def close_to(self, other: Speed | None, tolerance: float = 0.02) -> bool:
-        """Within `tolerance` (relative) of other in rate and lag: not worth republishing."""
+    def close_to(self, other: Speed | None, tolerance: float = 0.02, ms: float = 0.5) -> bool:
+        """Within `tolerance` (relative) of other in rate, lag and extra, or within `ms`
+        in lag, extra and a full batch's cycle: not worth republishing."""
         if other is None:
             return False
+        cycles = [self.max_batch * 1000 / max(s.rate, 1e-9) for s in (self, other)]
+        near = (
+            (self.lag_ms, other.lag_ms),
+            (self.extra_ms, other.extra_ms),
+            (cycles[0], cycles[1]),
+        )
+        if all(abs(a - b) <= ms for a, b in near):
+            return True
         return all(
             abs(a - b) <= tolerance * max(abs(b), 1e-9)
             for a, b in (

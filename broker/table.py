@@ -5,6 +5,7 @@ All writes go through the atomic scripts in broker/scripts.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,34 @@ def _routed(model: str, reply: bytes | int | list) -> str | None | QueueFull | O
     if reply < 0:
         return QueueFull(f"{model} has {-reply} tasks waiting")
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
+    """route.lua's keys for a model and priority, and its arguments but the time left and
+    the messages: built once per model and priority, not once per submit."""
+    l1_keys = keys.l1_keys(model)
+    target = keys.l1_for_priority(model, priority)
+    script_keys = (
+        keys.ready(model),
+        keys.MODELS,
+        target,
+        keys.STATE_STREAM,
+        keys.retry(model),
+        keys.speed(model),
+        keys.SLO,
+        *l1_keys,
+    )
+    head = (
+        model,
+        keys.EXECUTOR_PREFIX,
+        keys.L2_PREFIX,
+        keys.MAX_QUEUE,
+        keys.metrics(model),
+        keys.FULL_PREFIX,
+        l1_keys.index(target) + 1,
+    )
+    return script_keys, head
 
 
 #: Refusals route_many may return for a message instead of a route.
@@ -155,34 +184,11 @@ class Table:
     def _route_call(
         model: str, messages: Sequence[str], priority: int, deadline: float | None
     ) -> dict:
-        l1_keys = keys.l1_keys(model)
-        target = keys.l1_for_priority(model, priority)
+        script_keys, head = _route_layout(model, priority)
         # ms left, measured against the clock of this host just before the call; route.lua
         # counts them from its own clock, so hosts need not agree on the time.
         left_ms = -1 if deadline is None else max(0.0, (deadline - time.time()) * 1000)
-        return {
-            "keys": [
-                keys.ready(model),
-                keys.MODELS,
-                target,
-                keys.STATE_STREAM,
-                keys.retry(model),
-                keys.speed(model),
-                keys.SLO,
-                *l1_keys,
-            ],
-            "args": [
-                model,
-                keys.EXECUTOR_PREFIX,
-                keys.L2_PREFIX,
-                keys.MAX_QUEUE,
-                keys.metrics(model),
-                keys.FULL_PREFIX,
-                left_ms,
-                l1_keys.index(target) + 1,
-                *messages,
-            ],
-        }
+        return {"keys": script_keys, "args": [*head[:6], left_ms, head[6], *messages]}
 
     def feed(self, model: str) -> int:
         """Hand tasks waiting in the model's L1 to its ready executors, as the route would

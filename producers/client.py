@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
-from celery.result import AsyncResult
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult, assert_will_not_block
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
 from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from tandem.broker.settings import Settings, load_settings
 from tandem.broker.table import Table
+from tandem.producers.listener import ResultListener
 
 #: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
 #: comes up is used within this long.
@@ -23,12 +26,62 @@ LATEST_TTL_S = 1.0
 
 
 class TandemResult(AsyncResult):
-    """A Celery AsyncResult that also says where the task was routed."""
+    """A Celery AsyncResult that also says where the task was routed. Its get() waits on
+    its Client's result listener, which has the result pushed as it is stored; every
+    other method is Celery's."""
 
-    def __init__(self, task_id: str, *, executor: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        *,
+        executor: str | None = None,
+        listener: ResultListener | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(task_id, **kwargs)
         #: The executor whose L2 took the task, or None when it waits in L1.
         self.executor = executor
+        self._listener = listener
+        if listener is not None:
+            weakref.finalize(self, listener.release, task_id)
+
+    def get(
+        self,
+        timeout: float | None = None,
+        propagate: bool = True,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        follow_parents: bool = True,
+        callback=None,
+        on_message=None,
+        on_interval=None,
+        disable_sync_subtasks: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """As AsyncResult.get: the result, the task's error raised, or Celery's
+        TimeoutError after timeout seconds."""
+        listener = self._listener
+        if listener is None or on_message is not None or on_interval is not None or self.parent:
+            return super().get(
+                timeout, propagate, interval, no_ack, follow_parents, callback, on_message,
+                on_interval, disable_sync_subtasks, **kwargs,
+            )  # fmt: skip
+        if disable_sync_subtasks:
+            assert_will_not_block()
+        if self._cache is None:
+            meta = listener.wait(self.id, timeout)
+            if meta is None:
+                if listener.closed or not listener.expects(self.id):
+                    # Its Client was closed, or it was forgotten: ask Redis as Celery does.
+                    return super().get(timeout, propagate, interval, no_ack, follow_parents)
+                raise CeleryTimeoutError("The operation timed out.")
+            self._maybe_set_cache(meta)
+        return self.maybe_throw(propagate=propagate, callback=callback)
+
+    def forget(self) -> None:
+        if self._listener is not None:
+            self._listener.release(self.id)
+        super().forget()
 
     @property
     def route(self) -> str:
@@ -47,6 +100,8 @@ class Client:
         self.redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=10)
         self.table = Table(self.redis)
         self.app = make_app(self.settings)
+        #: Every result of this client's tasks, pushed to it as it is stored.
+        self.listener = ResultListener(self.redis, self.app.backend.decode)
         self.submitted = 0
         self.to_l2 = 0
         self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)
@@ -81,7 +136,14 @@ class Client:
         model = self.resolve(model)
         expires = _expires(deadline_s)
         task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
-        executor = self.table.route(model, envelope, priority=priority, deadline=_epoch(expires))
+        self._expect([task_id])
+        try:
+            executor = self.table.route(
+                model, envelope, priority=priority, deadline=_epoch(expires)
+            )
+        except Exception:
+            self.listener.release(task_id)  # never enqueued: no result will come
+            raise
         self._sent(model, [task_id], expires)
         return self._result(task_id, executor)
 
@@ -104,6 +166,7 @@ class Client:
         model = self.resolve(model)
         expires = _expires(deadline_s)
         encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
+        self._expect([task_id for task_id, _ in encoded])
         envelopes = [envelope for _, envelope in encoded]
         try:
             replies = self.table.route_many(
@@ -111,6 +174,9 @@ class Client:
             )
         except (BrokerUnavailable, UnknownModel) as e:
             e.accepted = self._accepted(model, encoded, e.routed, expires)[0]
+            raise
+        except Exception:
+            self._accepted(model, encoded, [], expires)  # releases them all
             raise
         results, errors = self._accepted(model, encoded, replies, expires)
         if errors:
@@ -127,11 +193,13 @@ class Client:
     ) -> tuple[list[TandemResult], list[Exception]]:
         """The results of the routed tasks, and the errors of the refused ones."""
         results, errors = [], []
-        for (task_id, _), reply in zip(encoded, replies, strict=False):
-            if isinstance(reply, Exception):
-                errors.append(reply)
+        for n, (task_id, _) in enumerate(encoded):
+            if n >= len(replies) or isinstance(replies[n], Exception):
+                self.listener.release(task_id)  # never enqueued: no result will come
+                if n < len(replies):
+                    errors.append(replies[n])
             else:
-                results.append(self._result(task_id, reply))
+                results.append(self._result(task_id, replies[n]))
         self._sent(model, [res.id for res in results], expires)
         return results, errors
 
@@ -148,7 +216,7 @@ class Client:
 
     def _sent(self, model: str, task_ids: list[str], expires: datetime | None) -> None:
         """Celery's task-sent events, when task_send_sent_event is on."""
-        if not self.app.conf.task_send_sent_event or not task_ids:
+        if not self.settings.send_sent_event or not task_ids:
             return
         queue = keys.l1(model)
         with self._events_lock:
@@ -177,6 +245,7 @@ class Client:
         if self._dispatcher is not None:
             self._dispatcher.close()
             self._dispatcher.connection.close()
+        self.listener.close()
         stop_result_listener(self.app)
         self.redis.close()
         self.app.close()
@@ -214,6 +283,7 @@ class Client:
     ) -> tuple[str, str]:
         if not 0 <= priority <= 9:
             raise ValueError(f"priority must be 0-9, got {priority}")
+        task_id = task_id or self.listener.new_id()
         if binary is None:
             binary = _holds_tensors(inputs)
         try:
@@ -234,10 +304,20 @@ class Client:
             raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
         return task_id, envelope
 
+    def _expect(self, task_ids: list[str]) -> None:
+        """Have the listener keep these tasks' results, before they are routed (so none
+        is stored before it listens). A task id given by the caller is not the
+        listener's: its result comes through Celery's own subscription."""
+        try:
+            self.listener.expect([t for t in task_ids if self.listener.hears(t)])
+        except redis.RedisError as e:
+            raise BrokerUnavailable(f"cannot subscribe to results: {e}") from e
+
     def _result(self, task_id: str, executor: str | None) -> TandemResult:
         self.submitted += 1
         self.to_l2 += executor is not None
-        return TandemResult(task_id, executor=executor, app=self.app)
+        listener = self.listener if self.listener.hears(task_id) else None
+        return TandemResult(task_id, executor=executor, listener=listener, app=self.app)
 
 
 def _expires(deadline_s: float | None) -> datetime | None:

@@ -5,6 +5,8 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tandem.broker import keys, message
 from tandem.broker.errors import BadInput, DeadlineExceeded
@@ -66,3 +68,74 @@ def test_model_names_are_checked():
     for bad in ("resnet", "a.b:1", "a:1:2", ":1", "a:"):
         with pytest.raises(ValueError):
             keys.parse_model(bad)
+
+
+def reference_envelope(model, inputs, queue, task_id, priority, expires, sent_at, tag) -> dict:
+    """The envelope as nested dicts, as encode() built it before it wrote the JSON out."""
+    triple = [[], {"model": model, "inputs": inputs}, message._EMBED]
+    body = json.dumps(triple, separators=(",", ":")).encode()
+    return {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {
+            "lang": "py",
+            "task": "tandem.infer",
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": expires.isoformat() if expires else None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": "()",
+            "kwargsrepr": f"{{'model': {model!r}, 'inputs': ...}}",
+            "origin": "tandem",
+            "ignore_result": False,
+            "tandem_sent_at": sent_at,
+        },
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": priority,
+            "body_encoding": "base64",
+            "delivery_tag": tag,
+        },
+    }
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(
+    model=st.text(min_size=1, max_size=20),
+    inputs=json_values,
+    task_id=st.text(min_size=1, max_size=40),
+    priority=st.integers(0, 9),
+    expires=st.none() | st.datetimes(timezones=st.just(timezone.utc)),
+    queue=st.text(max_size=30),
+)
+def test_the_envelope_is_the_json_of_its_fields_for_any_values(
+    model, inputs, task_id, priority, expires, queue
+):
+    _, envelope = message.encode(
+        model, inputs, queue=queue, task_id=task_id, priority=priority, expires=expires
+    )
+    got = json.loads(envelope)
+    sent_at, tag = got["headers"]["tandem_sent_at"], got["properties"]["delivery_tag"]
+    want = reference_envelope(model, inputs, queue, task_id, priority, expires, sent_at, tag)
+    assert got == want
+    assert envelope == json.dumps(got, separators=(",", ":"))

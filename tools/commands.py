@@ -40,13 +40,14 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload"]),
+    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload", "latency"]),
     default="sim",
     show_default=True,
     help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
     "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
     "overhead: a zero-cost model, tasks/s and Redis CPU per task; overload: goodput at "
-    "multiples of the measured capacity, every task with a deadline.",
+    "multiples of the measured capacity, every task with a deadline; latency: tandem's own "
+    "path against a bare LPUSH-BLMOVE-PUBLISH path, one task at a time.",
 )
 @click.option(
     "--systems",
@@ -88,6 +89,10 @@ def bench(
     require("bench", "tandem bench")
     if profile == "embed":
         require("embed", "tandem bench --profile embed")
+    if profile == "latency":
+        setup_logging("WARNING")
+        _latency_bench(quick, json_path)
+        return
     if profile == "overload":
         setup_logging("WARNING")
         sweep = (loads, slos_ms, seconds, shed_tasks)
@@ -143,6 +148,33 @@ def _numbers(text: str | None, default: tuple[float, ...], hint: str) -> tuple[f
         return tuple(float(part) for part in text.split(","))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint=hint) from e
+
+
+def _latency_bench(quick, json_path) -> None:
+    from rich.console import Console
+
+    from tandem.tools import latency
+    from tandem.tools.bench import rows_table
+
+    console = Console(width=140)
+    report = latency.run_latency(
+        load_settings(),
+        tasks=100 if quick else latency.TASKS,
+        progress=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )
+    title = "tandem bench, profile latency: one task at a time, sim at zero cost, one worker"
+    console.print(rows_table(title, latency.COLUMNS, report["rows"]))
+    console.print(
+        "send = LPUSH or submit(); wait = from then to the result in hand; ratio = over bare."
+    )
+    console.print(
+        rows_table("Redis's own time per command, tandem blocks", latency.REDIS_COLUMNS,
+                   report["redis_us"])
+    )  # fmt: skip
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def _overload_bench(quick, systems, sweep, workers, json_path, plot_path):

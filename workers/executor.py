@@ -45,6 +45,10 @@ from tandem.workers.returner import Returner
 
 log = logging.getLogger("tandem.executor")
 
+#: A forward pass predicted shorter than this (ms) runs on the executor thread: handing
+#: it to the device thread, and claiming the next batch meanwhile, would cost more.
+INLINE_COMPUTE_MS = 1.0
+
 
 class Executor:
     def __init__(
@@ -220,6 +224,8 @@ class Executor:
                     batch = self._compute(batch)  # the next batch, if it took one meanwhile
                 elif self.state is State.IDLE:
                     batch = self._wait_for_batch()
+                    if batch:  # it woke an IDLE executor: low load
+                        batch = self._compute(batch, woke=True)
                 else:
                     batch = self._claim_or_idle()
             except ExecutorGone:
@@ -357,10 +363,15 @@ class Executor:
             self._enter(State.WORKING)
         return batch
 
-    def _compute(self, batch: list[bytes]) -> list[bytes]:
+    def _compute(self, batch: list[bytes], *, woke: bool = False) -> list[bytes]:
         """Prepare a batch (decode, check, validate), top it up, and compute it on the
         device thread. Meanwhile, with the pipeline on, claim the next batch from L1 and
-        prepare it (the pair of second-level sets). Returns that next batch, or []."""
+        prepare it (the pair of second-level sets). Returns that next batch, or [].
+
+        Two hand-offs are skipped where they would cost more than they save: a forward
+        pass predicted to take under INLINE_COMPUTE_MS runs on this thread (claiming
+        early would overlap next to nothing), and a batch that woke an IDLE executor
+        (woke: low load, nothing else waits to compute) is stored on this thread."""
         claimed_at = time.time()
         tasks = self._prepare.batch(batch, revocations=self.revocations)
         ready = [n for n, task in enumerate(tasks) if task.error is None]
@@ -373,25 +384,22 @@ class Executor:
         started_at = time.time()
         following: list[bytes] = []
         compute_ms, device_ms = 0.0, None
-        failed: Exception | None = None  # the early claim's error, raised once N is handed over
+        failed: Exception | None = None  # the early claim's error
         if ready:
             began = time.monotonic()
             if self._last_end is not None:
                 self.latency.observe_gap((began - self._last_end) * 1000)
             self._computing = ([tasks[n] for n in ready], started_at, began)
             inputs = [tasks[n].inputs for n in ready]
+            inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
             try:
-                computing = self._device.submit(forward, self.model, inputs)
-                if self.settings.pipeline and not suspect and not self._stop.is_set():
-                    # Batch N+1 starts when N ends: its deadlines are planned from then.
-                    ends = self.latency.compute_ms(len(ready)) + self.latency.gap_ms
-                    try:
-                        following = self._prepare.early(
-                            revocations=self.revocations, start_s=started_at + ends / 1000
-                        )
-                    except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
-                        failed = e
-                computed, compute_ms, device_ms = computing.result()
+                if inline:
+                    computed, compute_ms, device_ms = forward(self.model, inputs)
+                else:
+                    computing = self._device.submit(forward, self.model, inputs)
+                    if self.settings.pipeline and not suspect and not self._stop.is_set():
+                        following, failed = self._claim_early(started_at, len(ready))
+                    computed, compute_ms, device_ms = computing.result()
             finally:
                 self._computing = None
             self._last_end = time.monotonic()
@@ -405,7 +413,22 @@ class Executor:
         else:
             self._last_end = None  # nothing computed: the next gap is not one compute's
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
-        self._returner.hand_over(done)
+        if woke:
+            self._returner.store_now(done)
+        else:
+            self._returner.hand_over(done)
         if failed is not None:
             raise failed
         return following
+
+    def _claim_early(self, started_at: float, n: int) -> tuple[list[bytes], Exception | None]:
+        """While a batch of n computes: claim and prepare the next, planned from when this
+        one should end. An error is returned, to be raised once this batch is handed over."""
+        ends = self.latency.compute_ms(n) + self.latency.gap_ms
+        try:
+            early = self._prepare.early(
+                revocations=self.revocations, start_s=started_at + ends / 1000
+            )
+        except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
+            return [], e
+        return early, None

@@ -83,6 +83,17 @@ class Returner:
             except queue.Full:
                 self.owner.tick()  # waiting on a live returner is progress
 
+    def store_now(self, done: Computed) -> None:
+        """Store a batch on the calling thread, once the slot's batch is stored. A store
+        that fails raises ExecutorCrashed, as a failed returner thread would."""
+        self.check()
+        self.drain()
+        try:
+            self._store(done)
+        except Exception as e:  # noqa: BLE001 - reported as the returner thread reports it
+            self._failed(e)
+            raise ExecutorCrashed(f"storing results failed: {type(e).__name__}: {e}") from e
+
     def drain(self) -> None:
         """Wait until the batch in the slot, if any, is stored."""
         self._slot.join()
@@ -104,16 +115,19 @@ class Returner:
                 self._store(done)
             except Exception as e:  # noqa: BLE001 - reported to the executor thread
                 self.error = e
-                log.error(
-                    "executor %s: storing results failed (%s: %s); the executor restarts "
-                    "and the batch's tasks go back through reclaim",
-                    self.owner.id,
-                    type(e).__name__,
-                    e,
-                )
+                self._failed(e)
                 return
             finally:
                 self._slot.task_done()
+
+    def _failed(self, e: Exception) -> None:
+        log.error(
+            "executor %s: storing results failed (%s: %s); the executor restarts "
+            "and the batch's tasks go back through reclaim",
+            self.owner.id,
+            type(e).__name__,
+            e,
+        )
 
     def _store(self, done: Computed) -> None:
         """Store a batch's results; Celery canvas steps go before and after, as in Celery."""

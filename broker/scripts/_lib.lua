@@ -21,11 +21,12 @@ local function not_ready(hash, id)
   if key then redis.call('ZREM', key, id) end
 end
 
--- Append one executor state change to the changes stream.
-local function change(stream, hash, id, state)
-  local model = redis.call('HGET', hash, 'model') or ''
+-- Append one executor state change to the changes stream. model and ms, when the
+-- caller knows them, save a read each.
+local function change(stream, hash, id, state, model, ms)
+  model = model or redis.call('HGET', hash, 'model') or ''
   redis.call('XADD', stream, 'MAXLEN', '~', 10000, '*',
-    'executor', id, 'model', model, 'state', state, 'ms', now_ms())
+    'executor', id, 'model', model, 'state', state, 'ms', ms or now_ms())
 end
 
 -- The L1 list of message m at its priority, as kombu files it: of the L1 keys of
@@ -111,8 +112,9 @@ end
 
 -- A model's ready set, as route.lua and feed.lua hand it tasks. The executor hashes
 -- are hash_prefix .. id, the L2 lists l2_prefix .. id, the full channels
--- full_prefix .. id; changes is the changes stream; now is in ms.
-local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
+-- full_prefix .. id; changes is the changes stream; now is in ms; model is the
+-- model's name, for the changes.
+local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now, model)
   local self, empty = {}, false
   -- The first live entry (id, state, window ms), or nil. Lapsed entries are dropped
   -- on the way; once the set is empty it stays so for the rest of the script.
@@ -140,7 +142,7 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now)
     if window == 0 then
       redis.call('HSET', hash, 'state', 'WORKING', 'cap', 0)
       redis.call('ZREM', set, id)
-      change(changes, hash, id, 'WORKING')
+      change(changes, hash, id, 'WORKING', model, now)
       return
     end
     local room = redis.call('HINCRBY', hash, 'cap', -1)

@@ -23,20 +23,26 @@
 -- Returns one reply per message: the executor id, 0 for L1, the L1 depth that
 -- refused it (QUEUE_FULL) as a negative number, or {predicted wait ms, tasks ahead,
 -- ms it had left} when the wait passes its deadline (OVERLOADED).
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
-  return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. ARGV[1])
-end
-local now = now_ms()
-
-local max_queue = tonumber(redis.call('HGET', ARGV[4], ARGV[1]) or 0)
-local budget = tonumber(ARGV[7])
-if budget < 0 then
-  budget = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or 0)
-  if budget <= 0 then budget = nil end
-end
+local model = ARGV[1]
+local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now_ms(), model)
 local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
 local out, to_l1, routed, refused = {}, 0, 0, 0
-local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now)
+local max_queue, budget
+
+-- What only a task bound for L1 needs: the model known (an executor in the ready set
+-- already says so), its L1 bound, and the deadline budget (its own, else the SLO).
+local function l1_rules()
+  if max_queue then return end
+  if routed == 0 and redis.call('SISMEMBER', KEYS[2], model) == 0 then
+    return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. model)
+  end
+  max_queue = tonumber(redis.call('HGET', ARGV[4], model) or 0)
+  budget = tonumber(ARGV[7])
+  if budget < 0 then
+    budget = tonumber(redis.call('HGET', KEYS[7], model) or 0)
+    if budget <= 0 then budget = nil end
+  end
+end
 
 -- The predicted wait of the next task into L1, in ms, or nil when none can be told.
 local function wait()
@@ -64,6 +70,8 @@ for i = 9, #ARGV do
     routed = routed + 1
     out[#out + 1] = id
   else
+    local unknown = l1_rules()
+    if unknown then return unknown end
     if max_queue > 0 and not depth then
       depth = 0
       for k = 8, #KEYS do depth = depth + redis.call('LLEN', KEYS[k]) end

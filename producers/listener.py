@@ -1,0 +1,186 @@
+"""One result listener per Client: every result of its tasks, pushed as it is stored.
+
+A Client's task ids begin with its token (`<token>-xxxx-4xxx-...`, still UUID-shaped),
+and the listener subscribes once to the pattern `celery-task-meta-<token>-*` on a
+connection of its own, before the Client's first submit. So no task needs a SUBSCRIBE,
+a GET or an UNSUBSCRIBE of its own, and a result stored before get() is called is kept
+for it.
+
+The listener has no thread. A get() that finds nobody reading the subscription reads it
+itself, blocked on its socket, and hands each result that comes to its task's waiter
+until its own has come; other get()s meanwhile wait on a condition that each delivery
+and the reader's leaving wake (leader and followers). So the caller that waits is the
+one that wakes: no hop to another thread, and never a sleep loop. Results nobody waits
+for yet stay in the socket until a get() reads them.
+
+If the connection drops, redis-py reconnects at the next read and subscribes again;
+when Redis confirms the subscription again, the listener reads the result keys of every
+task still waiting, so a result published while it was away is not lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+import uuid
+
+import redis
+
+from tandem.broker import keys
+
+log = logging.getLogger("tandem.producers")
+
+#: Seconds a reading get() blocks on the socket at most before it looks at its deadline.
+READ_S = 1.0
+#: Seconds a reader waits after a Redis error before it reads again.
+ERROR_WAIT_S = 0.1
+
+
+class Waiter:
+    """One task's result, once it arrives: its decoded meta."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self) -> None:
+        self.meta: dict | None = None
+
+
+class ResultListener:
+    def __init__(self, client: redis.Redis, decode) -> None:
+        """client: the Redis client whose pool the subscription's connection comes from;
+        decode: result bytes -> meta dict (the Celery backend's own decoder, JSON only)."""
+        self.token = secrets.token_hex(4)
+        self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
+        self._redis = client
+        self._decode = decode
+        self._waiters: dict[str, Waiter] = {}
+        self._changed = threading.Condition()  # guards _waiters and _reader
+        self._reader = False  # a get() is reading the subscription
+        self._pubsub = None
+        self.delivered = 0
+        self.closed = False
+
+    def __repr__(self) -> str:
+        waiting = len(self._waiters)
+        return f"<ResultListener {self.pattern} waiting={waiting} delivered={self.delivered}>"
+
+    def new_id(self) -> str:
+        """A task id this listener hears: the token, then the rest of a random UUID."""
+        return self.token + str(uuid.uuid4())[8:]
+
+    def hears(self, task_id: str) -> bool:
+        return task_id.startswith(self.token + "-")
+
+    def expect(self, task_ids: list[str]) -> None:
+        """Keep these tasks' results (call it before they are routed). Subscribes, and
+        waits for Redis to confirm it, on first use."""
+        with self._changed:
+            if self._pubsub is None:
+                self._subscribe()
+            for task_id in task_ids:
+                self._waiters.setdefault(task_id, Waiter())
+
+    def expects(self, task_id: str) -> bool:
+        with self._changed:
+            return task_id in self._waiters
+
+    def release(self, task_id: str) -> None:
+        """Forget the task: its result object is gone, or was forgotten."""
+        with self._changed:
+            self._waiters.pop(task_id, None)
+
+    def wait(self, task_id: str, timeout: float | None) -> dict | None:
+        """The task's decoded result meta; None after timeout seconds, once closed, or
+        for a task it does not expect."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            waiter = self._waiters.get(task_id)
+            while waiter is not None and waiter.meta is None and not self.closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                if self._reader:  # a follower: woken by each delivery and by the reader
+                    self._changed.wait(left)
+                    continue
+                self._reader = True
+                self._changed.release()
+                try:
+                    self._read(min(READ_S, left) if left is not None else READ_S)
+                finally:
+                    self._changed.acquire()
+                    self._reader = False
+                    self._changed.notify_all()  # a follower may read now
+                    if self.closed:
+                        self._pubsub.close()
+        return None if waiter is None else waiter.meta
+
+    def close(self) -> None:
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+            if self._pubsub is not None and not self._reader:
+                self._pubsub.close()
+
+    # Reading, by one get() at a time
+
+    def _subscribe(self) -> None:
+        """Subscribe, confirmed by Redis before this returns."""
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
+        try:
+            pubsub.psubscribe(self.pattern)
+            while True:
+                reply = pubsub.get_message(timeout=5.0)
+                if reply is None:
+                    raise redis.ConnectionError(f"no confirmation of PSUBSCRIBE {self.pattern}")
+                if reply["type"] == "psubscribe":
+                    break
+        except BaseException:
+            pubsub.close()
+            raise
+        self._pubsub = pubsub
+
+    def _read(self, timeout: float) -> None:
+        """Read and deliver one message, waiting up to timeout seconds for it."""
+        try:
+            reply = self._pubsub.get_message(timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            # redis-py reconnects at the next read and subscribes again (see _catch_up).
+            log.warning("result listener %s: %s; reconnecting", self.token, e)
+            time.sleep(ERROR_WAIT_S)  # backoff before the next read, not synchronisation
+            return
+        if reply is None:
+            return
+        if reply["type"] == "pmessage":
+            self._deliver(reply["channel"], reply["data"])
+        elif reply["type"] == "psubscribe":
+            self._catch_up()  # subscribed again after a reconnect
+
+    def _deliver(self, channel: bytes, data: bytes) -> None:
+        task_id = channel.decode()[len(keys.RESULT_PREFIX) :]
+        with self._changed:
+            waiter = self._waiters.get(task_id)
+            if waiter is None or waiter.meta is not None:
+                return
+        try:
+            meta = self._decode(data)
+        except Exception:  # noqa: BLE001 - a result it cannot read is Celery's to read
+            log.exception("result listener %s: cannot decode the result of %s", self.token, task_id)
+            meta = {"status": "UNREADABLE"}
+        with self._changed:
+            waiter.meta = meta
+            self.delivered += 1
+            self._changed.notify_all()
+
+    def _catch_up(self) -> None:
+        """Subscribed again (Redis confirmed it): read what was stored while the
+        connection was down, for every task still waiting."""
+        with self._changed:
+            waiting = [t for t, w in self._waiters.items() if w.meta is None]
+        for start in range(0, len(waiting), 1000):
+            chunk = waiting[start : start + 1000]
+            stored = self._redis.mget([keys.result(t) for t in chunk])
+            for task_id, data in zip(chunk, stored, strict=True):
+                if data is not None:
+                    self._deliver(keys.result(task_id).encode(), data)

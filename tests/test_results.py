@@ -1,0 +1,166 @@
+"""The producer's result path: one pattern subscription per Client, read by the get() that
+waits (producers/listener.py); and the executor's hand-offs at low load. A real Redis and
+real executors throughout; no assertion on speed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult
+
+from helpers import plain_celery, wait_until
+from tandem.broker import keys
+from tandem.broker.errors import BadInput
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.models.sim import SimModel
+
+MODEL = "sim:1"
+
+
+class Threads(SimModel):
+    """sim that records the thread each forward pass ran on."""
+
+    def __init__(self, base_ms: float = 0.0) -> None:
+        super().__init__(base_ms=base_ms, per_item_ms=0.0)
+        self.threads: list[str] = []
+
+    def run(self, batch):
+        self.threads.append(threading.current_thread().name)
+        return super().run(batch)
+
+    def validate(self, inputs):
+        if inputs == "bad":
+            raise BadInput("bad inputs")
+        return inputs
+
+
+@pytest.fixture
+def executor(settings, r):
+    """Start an in-process executor of a given model; stopped at teardown."""
+    started = []
+
+    def start(model, **overrides) -> Executor:
+        mine = settings.replace(**overrides)
+        ex = Executor(MODEL, model, table=Table(r), settings=mine, worker="t")
+        ex.start()
+        started.append((ex, Heartbeat(ex.table, [ex], interval_s=0.2, ttl_s=5).start()))
+        return ex
+
+    yield start
+    for ex, beat in started:
+        beat.stop()
+        ex.stop()
+
+
+def test_get_waits_on_the_subscription_and_never_sleeps(settings, executor, monkeypatch):
+    executor(Threads())
+    with Client(settings=settings) as client:
+        client.submit(MODEL, 0).get(timeout=10)  # subscribed, scripts loaded
+
+        def no_sleep(seconds):
+            raise AssertionError(f"time.sleep({seconds}) on the result path")
+
+        monkeypatch.setattr(time, "sleep", no_sleep)
+        results = [client.submit(MODEL, [n]) for n in range(20)]
+        assert [res.get(timeout=10) for res in results] == [[n] for n in range(20)]
+        assert client.listener.delivered >= 21
+
+
+def test_a_result_stored_before_get_is_found(settings, executor, r):
+    executor(Threads())
+    with Client(settings=settings) as client:
+        res = client.submit(MODEL, "early")
+        wait_until(lambda: r.exists(keys.result(res.id)), 10, "the result stored")
+        assert res.get(timeout=10) == "early"
+        assert res.state == "SUCCESS" and res.ready()
+
+
+def test_task_ids_are_the_clients_and_uuid_shaped(settings, executor):
+    executor(Threads())
+    with Client(settings=settings) as one, Client(settings=settings) as other:
+        a, b = one.submit(MODEL, 1), other.submit(MODEL, 2)
+        assert a.id.startswith(one.listener.token + "-") and len(a.id) == 36
+        assert b.id.split("-")[0] == other.listener.token != one.listener.token
+        assert (a.get(timeout=10), b.get(timeout=10)) == (1, 2)
+
+
+def test_a_plain_celery_client_reads_the_same_result(settings, executor):
+    executor(Threads())
+    with Client(settings=settings) as client:
+        res = client.submit(MODEL, {"x": 1})
+        assert AsyncResult(res.id, app=plain_celery(settings)).get(timeout=10) == {"x": 1}
+        assert res.get(timeout=10) == {"x": 1}
+
+
+def test_errors_states_forget_and_timeouts_are_celerys(settings, executor, r):
+    executor(Threads())
+    with Client(settings=settings) as client:
+        bad = client.submit(MODEL, "bad")
+        with pytest.raises(BadInput, match="bad inputs"):
+            bad.get(timeout=10)
+        assert bad.state == "FAILURE" and isinstance(bad.result, BadInput)
+        assert bad.get(timeout=10, propagate=False).args == ("bad inputs",)
+        bad.forget()
+        assert not r.exists(keys.result(bad.id))
+    # A model whose only executor is busy: its task waits in L1 and get() times out.
+    table = Table(r)
+    table.register("busy", "slow:1", worker="b", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    with Client(settings=settings) as client:
+        waiting = client.submit("slow:1", 1)
+        with pytest.raises(CeleryTimeoutError):
+            waiting.get(timeout=0.2)
+
+
+def test_concurrent_getters_each_get_their_own_result(settings, executor):
+    executor(Threads(base_ms=2.0))
+    with Client(settings=settings) as client:
+        out: dict[int, object] = {}
+
+        def one(n: int) -> None:
+            out[n] = client.submit(MODEL, [n]).get(timeout=20)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert out == {n: [n] for n in range(16)}
+
+
+def test_a_result_published_while_the_subscription_was_cut_is_not_lost(settings, executor, r):
+    with Client(settings=settings) as client:
+        Table(r).register(
+            "busy", MODEL, worker="b", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1
+        )
+        res = client.submit(MODEL, "across the cut")  # waits in L1: no executor is free
+        r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        executor(Threads())  # stores the result while the listener is away
+        wait_until(lambda: r.exists(keys.result(res.id)), 10, "the result stored")
+        assert res.get(timeout=10) == "across the cut"
+
+
+def test_a_lone_task_to_an_idle_executor_stays_on_its_thread(settings, executor):
+    """A tiny compute runs on the executor thread; a long one on the device thread, with
+    the next batch claimed early while it computes."""
+    fast = Threads()
+    ex = executor(fast, max_batch=8)
+    with Client(settings=settings) as client:
+        for n in range(3):
+            client.submit(MODEL, n).get(timeout=10)
+    assert fast.threads[-1] == f"tandem {ex.id}"
+
+
+def test_a_long_compute_keeps_the_device_thread_and_the_pipeline(settings, executor):
+    slow = Threads(base_ms=50.0)
+    executor(slow, max_batch=8)
+    with Client(settings=settings) as client:
+        results = client.submit_many(MODEL, list(range(17)))
+        assert [res.get(timeout=20) for res in results] == list(range(17))
+    assert all(name.startswith("tandem device") for name in slow.threads)
+    assert len(slow.threads) == 3  # 1 (to L2), then 8 and 8, claimed while one computes
