@@ -143,3 +143,20 @@ def test_the_overload_profile_names_a_bad_load(tmp_path):
     done = tandem("bench", "--profile", "overload", "--loads", "2,x", cwd=tmp_path)
     assert done.returncode == 2
     assert "--loads" in done.stderr
+
+
+def test_the_latency_profile_times_both_paths_alike(tmp_path):
+    from tandem.broker.settings import load_settings
+    from tandem.tools import latency
+
+    report = latency.run_latency(
+        load_settings(env={}, loglevel="WARNING"), spacings_ms=(1.0,), tasks=6, block=3
+    )
+    bare, tandem_row = report["rows"]
+    assert (bare["path"], tandem_row["path"]) == ("bare", "tandem")
+    for row in report["rows"]:
+        assert row["tasks"] == 6 and 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["send_p50_ms"] > 0 and row["wait_p50_ms"] > 0
+    assert bare["ratio_p50"] == 1.0
+    commands = {row["command"] for row in report["redis_us"]}
+    assert {"route", "complete"} <= commands  # its own scripts, timed by Redis
