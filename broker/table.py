@@ -92,10 +92,6 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
     return script_keys, head
 
 
-#: Refusals route_many may return for a message instead of a route.
-Refused = (QueueFull, Overloaded)
-
-
 def _ms(seconds: int, micros: int) -> int:
     """Redis's TIME reply (seconds, microseconds) in epoch ms."""
     return seconds * 1000 + micros // 1000

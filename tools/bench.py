@@ -8,6 +8,7 @@ producer falling behind shows as latency, not as a lower rate.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -183,6 +184,18 @@ def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
         out.append(t)
 
 
+@contextlib.contextmanager
+def point_folder(prefix: str, what: str) -> Iterator[Path]:
+    """A temporary folder for one point's Redis and logs: removed when the point ends
+    well, kept (and named in the error) when a process of it exited."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    except ProcessExited as e:
+        raise ProcessExited(f"{what} aborted (its files are kept in {folder}): {e}") from e
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def due_groups(
     schedule: list[float], check: Callable[[], None], clock: Callable[[], float] = time.perf_counter
 ) -> Iterator[tuple[int, int, float]]:
@@ -226,8 +239,7 @@ def run_point(
     seed: int = 1,
 ) -> dict[str, Any]:
     make = sampler(settings.models[0], settings.repository)
-    folder = Path(tempfile.mkdtemp(prefix="tandem-bench-"))
-    try:
+    with point_folder("tandem-bench-", f"bench point {system.name} at {rate:g}/s") as folder:
         running = Running(system, settings, workers, folder)
         watcher = ResultWatcher(running.redis)
         try:
@@ -243,11 +255,6 @@ def run_point(
         finally:
             watcher.close()
             running.close()
-    except ProcessExited as e:
-        raise ProcessExited(
-            f"bench point {system.name} at {rate:g}/s aborted (its files are kept in {folder}): {e}"
-        ) from e
-    shutil.rmtree(folder, ignore_errors=True)
     arrived = {t: watcher.arrived[t] for t in due if t in watcher.arrived}
     latencies = [(at - due[t]) * 1000 for t, (at, _status) in arrived.items()]
     in_time = sum(1 for at, _ in arrived.values() if at <= send_end)

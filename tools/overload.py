@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,10 +29,18 @@ from typing import Any
 import redis
 
 from tandem.broker import keys
-from tandem.broker.errors import Overloaded, ProcessExited, QueueFull
+from tandem.broker.errors import Overloaded, QueueFull
 from tandem.broker.settings import Settings
 from tandem.tools import baselines
-from tandem.tools.bench import SYSTEMS, Running, System, arrivals, due_groups, rows_table
+from tandem.tools.bench import (
+    SYSTEMS,
+    Running,
+    System,
+    arrivals,
+    due_groups,
+    point_folder,
+    rows_table,
+)
 from tandem.tools.load import percentile
 from tandem.tools.samples import sampler
 
@@ -204,8 +211,8 @@ def run_point(
     drain_s: float,
 ) -> dict[str, Any]:
     rate = load * capacity
-    folder = Path(tempfile.mkdtemp(prefix="tandem-overload-"))
-    try:
+    what = f"overload point {system.name} at {load:g}x"
+    with point_folder("tandem-overload-", what) as folder:
         running = Running(system, settings, workers, folder)
         try:
             recorder = Recorder(running.server.url)
@@ -220,11 +227,6 @@ def run_point(
                 arrived = recorder.collect()
         finally:
             running.close()
-    except ProcessExited as e:
-        raise ProcessExited(
-            f"overload point {system.name} at {load:g}x aborted (files kept in {folder}): {e}"
-        ) from e
-    shutil.rmtree(folder, ignore_errors=True)
     row = _row(system, load, capacity, slo_ms, seconds, due, refused, arrived, queued)
     row["behind_p50_ms"] = round(percentile(behind, 50), 1)
     row["behind_p99_ms"] = round(percentile(behind, 99), 1)
