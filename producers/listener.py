@@ -27,6 +27,7 @@ import time
 import uuid
 
 import redis
+from celery import states
 
 from tandem.broker import keys
 
@@ -158,16 +159,23 @@ class ResultListener:
             self._catch_up()  # subscribed again after a reconnect
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
-        task_id = channel.decode()[len(keys.RESULT_PREFIX) :]
+        """Hand a published result to its task's waiter. Anything else published on the
+        channel (bytes that are not a result, a state that is not final) is passed over:
+        the waiter keeps waiting for the stored result."""
+        task_id = channel.decode(errors="replace")[len(keys.RESULT_PREFIX) :]
         with self._changed:
             waiter = self._waiters.get(task_id)
             if waiter is None or waiter.meta is not None:
                 return
         try:
             meta = self._decode(data)
-        except Exception:  # noqa: BLE001 - a result it cannot read is Celery's to read
-            log.exception("result listener %s: cannot decode the result of %s", self.token, task_id)
-            meta = {"status": "UNREADABLE"}
+            final = isinstance(meta, dict) and meta.get("status") in states.READY_STATES
+        except Exception:  # noqa: BLE001 - any bytes at all may be published there
+            final = False
+        if not final:
+            log.warning("result listener %s: passed over a message for %s that is not a "
+                        "final result", self.token, task_id)  # fmt: skip
+            return
         with self._changed:
             waiter.meta = meta
             self.delivered += 1

@@ -10,9 +10,12 @@ import time
 import pytest
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from helpers import plain_celery, wait_until
-from tandem.broker import keys
+from tandem.broker import keys, results
 from tandem.broker.errors import BadInput
 from tandem.broker.table import Table
 from tandem.producers.client import Client
@@ -21,6 +24,12 @@ from tandem.workers.heartbeat import Heartbeat
 from tandem.workers.models.sim import SimModel
 
 MODEL = "sim:1"
+#: Messages in Celery's result format whose state is not final.
+NOT_FINAL = [b'{"status": "PENDING", "result": null}', b'{"status": "STARTED"}', b"[]", b"null"]
+#: Each example makes a Client and a few round trips on the session's Redis.
+settings_for_redis = hypothesis_settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 class Threads(SimModel):
@@ -164,3 +173,19 @@ def test_a_long_compute_keeps_the_device_thread_and_the_pipeline(settings, execu
         assert [res.get(timeout=20) for res in results] == list(range(17))
     assert all(name.startswith("tandem device") for name in slow.threads)
     assert len(slow.threads) == 3  # 1 (to L2), then 8 and 8, claimed while one computes
+
+
+@settings_for_redis
+@given(noise=st.lists(st.binary(max_size=64) | st.sampled_from(NOT_FINAL), max_size=4))
+def test_anything_else_published_on_a_result_channel_is_passed_over(settings, r, noise):
+    """Any bytes, or a state that is not final, published where a task's result goes: the
+    waiting get() keeps waiting, and returns the result once it is stored."""
+    with Client(settings=settings) as client:
+        task_id = client.listener.new_id()
+        client.listener.expect([task_id])
+        for data in noise:
+            r.publish(keys.result(task_id), data)
+        stored = results.success(task_id, {"answer": 42})
+        r.set(keys.result(task_id), stored)
+        r.publish(keys.result(task_id), stored)
+        assert client.listener.wait(task_id, 10)["result"] == {"answer": 42}
