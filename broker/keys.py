@@ -20,6 +20,9 @@ MODELS = "tandem:models"
 MAX_QUEUE = "tandem:max_queue"
 #: HASH model -> its default deadline in ms (slo_ms), set by its workers; absent = none.
 SLO = "tandem:slo"
+#: HASH model -> its tensor signature as JSON (inputs, outputs, max_batch_size), set by its
+#: workers from the model's config: what HTTP gateways describe and check requests by.
+SPECS = "tandem:specs"
 #: HASH of counters: redelivered (tasks reclaims moved back), duplicates (results kept).
 STATS = "tandem:stats"
 #: STREAM of executor state changes, written by the scripts, relayed by the coordinator.

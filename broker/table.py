@@ -6,6 +6,7 @@ All writes go through the atomic scripts in broker/scripts.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -45,7 +46,7 @@ def _claimed(reply: list) -> Claimed:
 ROUTE_CHUNK = 256
 
 
-def _routed(model: str, reply: bytes | int | list) -> str | None | QueueFull | Overloaded:
+def routed_reply(model: str, reply: bytes | int | list) -> str | None | QueueFull | Overloaded:
     """One message's route reply: an executor id, 0 (L1), -depth (refused: L1 is full),
     or [wait ms, tasks ahead, ms left] (refused: the wait passes its deadline)."""
     if isinstance(reply, bytes):
@@ -154,14 +155,14 @@ class Table:
         chunks, which were enqueued."""
         out: list[str | None | QueueFull | Overloaded] = []
         for start in range(0, len(messages), chunk):
-            call = self._route_call(model, messages[start : start + chunk], priority, deadline)
+            call = self.route_call(model, messages[start : start + chunk], priority, deadline)
             try:
                 replies = self.scripts.route(**call)
             except redis.ResponseError as e:
                 raise _partial(convert_error(e), out) from e
             except redis.ConnectionError as e:
                 raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
-            out.extend(_routed(model, r) for r in replies)
+            out.extend(routed_reply(model, r) for r in replies)
         return out
 
     def route_on(
@@ -174,10 +175,10 @@ class Table:
         deadline: float | None = None,
     ) -> None:
         """Queue one route call for `messages` on a pipeline (see route.lua's reply)."""
-        self.scripts.route(**self._route_call(model, messages, priority, deadline), client=pipe)
+        self.scripts.route(**self.route_call(model, messages, priority, deadline), client=pipe)
 
     @staticmethod
-    def _route_call(
+    def route_call(
         model: str, messages: Sequence[str], priority: int, deadline: float | None
     ) -> dict:
         script_keys, head = _route_layout(model, priority)
@@ -234,6 +235,15 @@ class Table:
             keys.SLO,
         ]
         self._step("register", lambda: self.scripts.register(keys=script_keys, args=args))
+
+    def publish_spec(self, model: str, spec: Mapping) -> None:
+        """Publish the model's tensor signature (workers/models describe()) for gateways."""
+        self.redis.hset(keys.SPECS, model, json.dumps(spec, separators=(",", ":")))
+
+    def spec(self, model: str) -> dict | None:
+        """The model's published tensor signature, or None."""
+        raw = self.redis.hget(keys.SPECS, model)
+        return None if raw is None else json.loads(raw)
 
     def heartbeat(self, executor_ids: Sequence[str], ttl_ms: int) -> list[str]:
         """Refresh heartbeats; returns the ids that are no longer in the table."""

@@ -250,6 +250,52 @@ def models(directory, device) -> None:
         sys.exit(1)
 
 
+@main.command("http")
+@redis_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option(
+    "--token",
+    envvar="TANDEM_HTTP_TOKEN",
+    help="Require 'Authorization: Bearer TOKEN' (health and /metrics stay open). "
+    "Put a TLS proxy in front; the gateway speaks plain HTTP.",
+)
+@click.option("--max-body-mb", type=float, default=32, show_default=True)
+@click.option(
+    "--max-concurrency",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Inference requests served at once; more get 503 with Retry-After.",
+)
+@click.option(
+    "--request-timeout-s",
+    type=float,
+    default=30,
+    show_default=True,
+    help="Deadline of a request that sets none, for a model without an SLO.",
+)
+@click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
+def http(redis_url, host, port, token, max_body_mb, max_concurrency, request_timeout_s, loglevel):
+    """Serve HTTP: the Open Inference Protocol v2 (tritonclient, KServe) and
+    OpenAI-style /v1/embeddings, each request routed like any producer's."""
+    from tandem.broker.extras import require
+
+    require("http", "tandem http")
+    from tandem.producers.http.app import serve
+    from tandem.producers.http.gateway import Limits
+
+    settings = _settings(redis_url=redis_url, loglevel=loglevel)
+    setup_logging(settings.loglevel)
+    limits = Limits(
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        max_concurrency=max_concurrency,
+        request_timeout_s=request_timeout_s,
+    )
+    click.echo(f"tandem http on http://{host}:{port}, Redis {settings.redis_url}")
+    serve(settings, host=host, port=port, limits=limits, token=token)
+
+
 def stack_options(f):
     f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
     f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)

@@ -39,7 +39,7 @@ from tandem.workers.computed import Computed
 from tandem.workers.device import forward
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
-from tandem.workers.models import Model, batching
+from tandem.workers.models import Model, batching, describe
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
 
@@ -210,6 +210,7 @@ class Executor:
             max_queue=getattr(self.model, "max_queue", 0) or s.max_queue,
             slo_ms=self.slo_ms,
         )
+        self.table.publish_spec(self.model_ref, describe(self.model, self.max_batch))
         self.state = State.WORKING
 
     # The executor thread: IDLE waits on L2, WORKING claims or computes the batch in hand.

@@ -29,6 +29,29 @@ def batching(model: Model, settings: Settings) -> tuple[int, float]:
     return max_batch, max_wait_ms
 
 
+def describe(model: Model, max_batch: int) -> dict[str, Any]:
+    """The model's tensor signature, as gateways show and check it: per-task shapes (no
+    batch dimension, -1 variable), dtype names of broker/payload.py, or "string" for text
+    fed to a tokenizer. `tensors`: its inputs may come as tensors (the binary payload);
+    else as JSON lists."""
+    config = getattr(model, "config", None)
+    if config is None:  # a built-in model: its class says (a model that does not: none)
+        signature = getattr(model, "SIGNATURE", {"inputs": [], "outputs": []})
+        return {"max_batch_size": max_batch, "tensors": False, **signature}
+
+    def row(spec) -> dict[str, Any]:
+        if spec.tokenizer:
+            return {"name": spec.name, "dtype": "string", "shape": [1]}
+        return {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)}
+
+    return {
+        "max_batch_size": max_batch,
+        "tensors": True,
+        "inputs": [row(s) for s in config.inputs],
+        "outputs": [row(s) for s in config.outputs],
+    }
+
+
 BUILTIN = ("sim", "tiny")
 
 

@@ -11,6 +11,12 @@ from typing import Any
 class SimModel:
     """Returns each task's inputs unchanged, so a mix-up across a batch shows."""
 
+    #: Any JSON goes in and comes back; gateways describe it as a vector of floats.
+    SIGNATURE = {
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [-1]}],
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [-1]}],
+    }
+
     def __init__(self, base_ms: float = 20.0, per_item_ms: float = 0.5, prep_ms: float = 0.0):
         self.base_ms = base_ms
         self.per_item_ms = per_item_ms

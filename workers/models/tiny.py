@@ -20,6 +20,11 @@ SEED = 1234
 
 
 class TinyModel:
+    SIGNATURE = {
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [IN_FEATURES]}],
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [OUT_FEATURES]}],
+    }
+
     def __init__(self, device: str = "auto") -> None:
         self.device = pick_device(device)
         generator = torch.Generator().manual_seed(SEED)

@@ -1,0 +1,265 @@
+"""An asyncio producer: the same atomic route as Client, results awaited on one pattern
+subscription per process.
+
+    async with AsyncClient(settings) as client:
+        futures = await client.submit_many("sim:1", [[1, 2], [3, 4]])
+        metas = [await f for f in futures]  # Celery's result metas, as stored
+
+Task ids begin with the client's token, so one PSUBSCRIBE to
+`celery-task-meta-<token>-*` hears every result; one reader task hands each to its
+future. No thread and no polling per task. If the connection drops, redis-py
+reconnects and subscribes again, and once Redis confirms it the reader reads the stored
+results of every task still waiting (as producers/listener.py does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from celery import states
+
+from tandem.broker import keys, message
+from tandem.broker.app import make_app
+from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.scripts import source
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table, convert_error, routed_reply
+
+log = logging.getLogger("tandem.producers")
+
+#: How long what the client read about a model (live executors, its latest version, its
+#: signature and SLO) is kept, in seconds.
+MODEL_TTL_S = 1.0
+
+
+class AsyncClient:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        self._route = self.redis.register_script(source("route"))
+        self._decode = make_app(settings).backend.decode
+        self.token = secrets.token_hex(4)
+        self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._pubsub: aioredis.client.PubSub | None = None
+        self._reader: asyncio.Task | None = None
+        self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Subscribe, confirmed by Redis, and start the reader."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=False)
+        await pubsub.psubscribe(self.pattern)
+        deadline = time.monotonic() + 5.0
+        while True:
+            reply = await pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if reply is not None and reply["type"] == "psubscribe":
+                break
+            if time.monotonic() > deadline:
+                await pubsub.aclose()
+                raise BrokerUnavailable(f"no confirmation of PSUBSCRIBE {self.pattern}")
+        self._pubsub = pubsub
+        self._reader = asyncio.create_task(self._read(), name="tandem-results")
+
+    @property
+    def reading(self) -> bool:
+        """True while the result reader runs."""
+        return self._reader is not None and not self._reader.done()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+        for future in self._waiting.values():
+            future.cancel()
+        await self.redis.aclose()
+
+    # Submitting
+
+    async def submit_many(
+        self,
+        model: str,
+        inputs: Sequence[Any],
+        *,
+        priority: int = 0,
+        deadline_s: float | None = None,
+        binary: bool = False,
+    ) -> list[asyncio.Future | Exception]:
+        """Enqueue tasks of one model, each by the atomic route, in one round trip. One
+        entry per input: a future of its stored result meta, or the QueueFull or
+        Overloaded that refused it. Raises BadInput, UnknownModel or BrokerUnavailable
+        (then nothing was enqueued)."""
+        if not 0 <= priority <= 9:
+            raise BadInput(f"priority must be 0-9, got {priority}")
+        expires = None
+        if deadline_s is not None:
+            expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
+        queue = keys.l1(model)
+        ids, envelopes = [], []
+        limit = self.settings.max_message_bytes
+        for value in inputs:
+            task_id = self.token + str(uuid.uuid4())[8:]
+            try:
+                _, envelope = message.encode(
+                    model, value, queue=queue, task_id=task_id, priority=priority,
+                    expires=expires, binary=binary,
+                )  # fmt: skip
+            except (TypeError, ValueError) as e:
+                raise BadInput(f"inputs cannot be sent: {e}") from e
+            if len(envelope) > limit:
+                raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
+            ids.append(task_id)
+            envelopes.append(envelope)
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in ids]
+        self._waiting.update(zip(ids, futures, strict=True))
+        call = Table.route_call(model, envelopes, priority, expires and expires.timestamp())
+        try:
+            replies = await self._route(keys=call["keys"], args=call["args"])
+        except BaseException as e:
+            self._forget(ids)
+            if isinstance(e, redis.ResponseError):
+                raise convert_error(e) from e
+            if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+            raise
+        out: list[asyncio.Future | Exception] = []
+        for task_id, future, reply in zip(ids, futures, replies, strict=True):
+            routed = routed_reply(model, reply)
+            if isinstance(routed, Exception):
+                self._forget([task_id])
+                out.append(routed)
+            else:
+                future.add_done_callback(lambda _, t=task_id: self._waiting.pop(t, None))
+                out.append(future)
+        return out
+
+    def _forget(self, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            future = self._waiting.pop(task_id, None)
+            if future is not None and not future.done():
+                future.cancel()
+
+    # What the gateway asks about models
+
+    async def _cached(self, key: str, read) -> Any:
+        now = time.monotonic()
+        hit = self._models.get(key)
+        if hit is not None and now - hit[0] < MODEL_TTL_S:
+            return hit[1]
+        try:
+            value = await read()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+        self._models[key] = (now, value)
+        return value
+
+    async def live(self, model: str) -> bool:
+        """True while an executor of the model has a heartbeat that has not lapsed."""
+
+        async def read() -> bool:
+            ids = await self.redis.smembers(keys.executors(model))
+            if not ids:
+                return False
+            seconds, micros = await self.redis.time()
+            now_ms = seconds * 1000 + micros // 1000
+            scores = await self.redis.zmscore(keys.DEADLINES, list(ids))
+            return any(s is not None and s > now_ms for s in scores)
+
+        return await self._cached("live " + model, read)
+
+    async def resolve(self, name: str, version: str | None) -> str:
+        """NAME:VERSION; without a version (or `latest`), the highest version with a live
+        executor. Raises UnknownModel."""
+        if version and version != "latest":
+            model = f"{name}:{version}"
+            keys.parse_model(model)  # raises UnknownModel on a malformed name
+            return model
+        keys.parse_model(f"{name}:1")
+
+        async def read() -> list[str]:
+            found = await self.redis.smembers(keys.MODELS)
+            return [m.decode() for m in found if m.decode().partition(":")[0] == name]
+
+        versions = await self._cached("versions " + name, read)
+        live = [m for m in versions if await self.live(m)]
+        if not live:
+            raise UnknownModel(f"no live executor serves any version of {name!r}")
+        return max(live, key=lambda m: keys.version_key(m.partition(":")[2]))
+
+    async def spec(self, model: str) -> dict | None:
+        """The signature the model's workers published, with its slo_ms; None if no
+        worker ever served it."""
+
+        async def read() -> dict | None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hget(keys.SPECS, model)
+                pipe.hget(keys.SLO, model)
+                raw, slo = await pipe.execute()
+            if raw is None:
+                return None
+            spec = json.loads(raw)
+            spec["slo_ms"] = float(slo or 0)
+            return spec
+
+        return await self._cached("spec " + model, read)
+
+    # The reader
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                reply = await self._pubsub.get_message(timeout=1.0)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                log.warning("results %s: %s; reconnecting", self.token, e)
+                await asyncio.sleep(0.1)  # backoff before the next read
+                continue
+            if reply is None:
+                continue
+            if reply["type"] == "pmessage":
+                self._deliver(reply["channel"], reply["data"])
+            elif reply["type"] == "psubscribe":
+                await self._catch_up()
+
+    def _deliver(self, channel: bytes, data: bytes) -> None:
+        task_id = channel.decode(errors="replace")[len(keys.RESULT_PREFIX) :]
+        future = self._waiting.get(task_id)
+        if future is None or future.done():
+            return
+        try:
+            meta = self._decode(data)
+            final = isinstance(meta, dict) and meta.get("status") in states.READY_STATES
+        except Exception:  # noqa: BLE001 - any bytes at all may be published there
+            final = False
+        if final:
+            future.set_result(meta)
+
+    async def _catch_up(self) -> None:
+        waiting = [t for t, f in self._waiting.items() if not f.done()]
+        for start in range(0, len(waiting), 1000):
+            chunk = waiting[start : start + 1000]
+            try:
+                stored = await self.redis.mget([keys.result(t) for t in chunk])
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                return  # the next confirmation catches up again
+            for task_id, data in zip(chunk, stored, strict=True):
+                if data is not None:
+                    self._deliver(keys.result(task_id).encode(), data)

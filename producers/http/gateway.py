@@ -1,0 +1,201 @@
+"""What every endpoint shares: the async client, the limits, auth, errors as HTTP, metrics.
+
+Every error a caller can cause is an HTTPError: a status, a message, and for 503 a
+Retry-After. tandem's own errors map onto them in one place, `http_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from tandem.broker.errors import (
+    BadInput,
+    BrokerUnavailable,
+    DeadlineExceeded,
+    Overloaded,
+    QueueFull,
+    UnknownModel,
+)
+from tandem.producers.aio import AsyncClient
+
+
+@dataclass(frozen=True)
+class Limits:
+    #: Largest request body, in bytes.
+    max_body_bytes: int = 32 * 1024 * 1024
+    #: Requests computed at once; more get 503 at once.
+    max_concurrency: int = 256
+    #: Seconds a client may take to send its body.
+    body_timeout_s: float = 30.0
+    #: Seconds a request waits for its results when it sets no deadline and its model
+    #: has no SLO.
+    request_timeout_s: float = 30.0
+    #: Items one request may hold (its batch dimension).
+    max_items: int = 1024
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+    def response(self) -> JSONResponse:
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        if self.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return JSONResponse({"error": str(self)}, status_code=self.status, headers=headers)
+
+
+def http_error(e: Exception) -> HTTPError:
+    """tandem's error as the HTTP answer a caller gets."""
+    if isinstance(e, HTTPError):
+        return e
+    if isinstance(e, BadInput):
+        return HTTPError(400, str(e))
+    if isinstance(e, UnknownModel):
+        return HTTPError(404, str(e))
+    if isinstance(e, Overloaded):
+        return HTTPError(503, str(e), retry_after_s=e.wait_s - e.deadline_s)
+    if isinstance(e, (QueueFull, BrokerUnavailable)):
+        return HTTPError(503, str(e), retry_after_s=1)
+    if isinstance(e, DeadlineExceeded):
+        return HTTPError(504, str(e))
+    return HTTPError(500, f"{type(e).__name__}: {e}")
+
+
+#: A failed task's exc_type -> the error raised for it.
+FAILED = {"BadInput": BadInput, "DeadlineExceeded": DeadlineExceeded, "UnknownModel": UnknownModel}
+
+
+def task_error(meta: dict) -> Exception:
+    """The error of a task whose result is not SUCCESS."""
+    result = meta.get("result")
+    if not isinstance(result, dict):
+        return HTTPError(500, f"the task ended {meta.get('status')}")
+    kind = str(result.get("exc_type"))
+    words = result.get("exc_message")
+    text = " ".join(map(str, words)) if isinstance(words, list) else str(words)
+    return FAILED.get(kind, lambda m: HTTPError(500, f"{kind}: {m}"))(text)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tandem_http_requests",
+            "HTTP requests by route and status.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "tandem_http_request_duration_seconds",
+            "HTTP request latency, from the request's start to its response.",
+            ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "tandem_http_in_flight", "Requests being served.", registry=self.registry
+        )
+        self.items = Counter(
+            "tandem_http_items", "Tasks submitted through HTTP.", ["model"], registry=self.registry
+        )
+
+
+class Gateway:
+    """The state one gateway process shares between requests."""
+
+    def __init__(self, client: AsyncClient, limits: Limits, token: str | None = None) -> None:
+        self.client = client
+        self.limits = limits
+        self.token = token
+        self.metrics = Metrics()
+        self.busy = 0
+
+    def check_auth(self, request: Request) -> None:
+        if not self.token:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), self.token.encode()
+        ):
+            raise HTTPError(401, "a valid 'Authorization: Bearer <token>' header is required")
+
+    async def body(self, request: Request) -> bytes:
+        """The request body, within the size limit and the time limit."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise HTTPError(413, f"the body is over the {limit}-byte limit")
+        encoding = request.headers.get("content-encoding", "identity").lower()
+        if encoding != "identity":
+            raise HTTPError(415, f"Content-Encoding {encoding[:32]!r} is not accepted")
+
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, f"the body is over the {limit}-byte limit")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, "the body was not sent in time") from None
+
+
+Handler = Callable[[Gateway, Request], Awaitable[Response]]
+
+
+def endpoint(route: str, *, guarded: bool = True, bounded: bool = False):
+    """An endpoint: its metrics under `route`; auth unless unguarded; the concurrency
+    bound if bounded; every error answered as HTTP."""
+
+    def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def run(request: Request) -> Response:
+            gateway: Gateway = request.app.state.gateway
+            metrics = gateway.metrics
+            started = time.perf_counter()
+            held = False
+            metrics.in_flight.inc()
+            try:
+                if guarded:
+                    gateway.check_auth(request)
+                if bounded:
+                    if gateway.busy >= gateway.limits.max_concurrency:
+                        raise HTTPError(503, "too many requests in flight", retry_after_s=1)
+                    gateway.busy += 1
+                    held = True
+                response = await handler(gateway, request)
+            except ClientDisconnect:
+                response = Response(status_code=499)  # nobody reads it
+            except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
+                response = http_error(e).response()
+            finally:
+                metrics.in_flight.dec()
+                if held:
+                    gateway.busy -= 1
+            metrics.requests.labels(route, str(response.status_code)).inc()
+            metrics.seconds.labels(route).observe(time.perf_counter() - started)
+            return response
+
+        return run
+
+    return wrap
