@@ -188,12 +188,13 @@ class AsyncClient:
 
     async def resolve(self, name: str, version: str | None) -> str:
         """NAME:VERSION; without a version (or `latest`), the highest version with a live
-        executor. Raises UnknownModel."""
+        executor. Raises UnknownModel, also for a malformed name."""
+        try:
+            keys.parse_model(f"{name}:{version or 'latest'}")
+        except ValueError as e:
+            raise UnknownModel(str(e)) from None
         if version and version != "latest":
-            model = f"{name}:{version}"
-            keys.parse_model(model)  # raises UnknownModel on a malformed name
-            return model
-        keys.parse_model(f"{name}:1")
+            return f"{name}:{version}"
 
         async def read() -> list[str]:
             found = await self.redis.smembers(keys.MODELS)

@@ -275,8 +275,15 @@ def models(directory, device) -> None:
     show_default=True,
     help="Deadline of a request that sets none, for a model without an SLO.",
 )
+@click.option(
+    "--body-timeout-s",
+    type=float,
+    default=30,
+    show_default=True,
+    help="A client that takes longer to send its body gets 408.",
+)
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
-def http(redis_url, host, port, token, max_body_mb, max_concurrency, request_timeout_s, loglevel):
+def http(redis_url, host, port, token, loglevel, **limits):
     """Serve HTTP: the Open Inference Protocol v2 (tritonclient, KServe) and
     OpenAI-style /v1/embeddings, each request routed like any producer's."""
     from tandem.broker.extras import require
@@ -287,11 +294,8 @@ def http(redis_url, host, port, token, max_body_mb, max_concurrency, request_tim
 
     settings = _settings(redis_url=redis_url, loglevel=loglevel)
     setup_logging(settings.loglevel)
-    limits = Limits(
-        max_body_bytes=int(max_body_mb * 1024 * 1024),
-        max_concurrency=max_concurrency,
-        request_timeout_s=request_timeout_s,
-    )
+    mb = limits.pop("max_body_mb")
+    limits = Limits(max_body_bytes=int(mb * 1024 * 1024), **limits)
     click.echo(f"tandem http on http://{host}:{port}, Redis {settings.redis_url}")
     serve(settings, host=host, port=port, limits=limits, token=token)
 

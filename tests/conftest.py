@@ -14,7 +14,7 @@ from helpers import PLAIN_APPS, wait_until
 from tandem.broker.settings import Settings, load_settings
 from tandem.broker.table import Table
 from tandem.producers.client import stop_result_listener
-from tandem.server import RedisServer
+from tandem.server import RedisServer, free_port
 from tandem.stack import spawn, stop_process
 
 
@@ -84,6 +84,27 @@ class Processes:
         process = spawn(args, self.settings, self.logs / "coordinator.log")
         self.started.append(process)
         return process
+
+    def gateway(self, name: str = "http", *flags: str) -> str:
+        """Start `tandem http` on a free port; wait until it is ready. Returns its URL."""
+        import httpx
+
+        port = free_port()
+        log = self.logs / f"{name}.log"
+        process = spawn(["http", f"--port={port}", *flags], self.settings, log)
+        self.started.append(process)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"gateway {name} exited:\n{self.log(name)}")
+            try:
+                return httpx.get(url + "/v2/health/ready", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, 60, f"gateway {name} to come up")
+        return url
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text()

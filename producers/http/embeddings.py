@@ -16,7 +16,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tandem.broker.errors import BadInput
+from tandem.broker.errors import BadInput, UnknownModel
 from tandem.producers.http import oip
 from tandem.producers.http.gateway import Gateway, endpoint
 from tandem.producers.http.tensors import loads
@@ -71,11 +71,13 @@ def _encode(vector: list[float], encoding: str) -> Any:
 
 @endpoint("/v1/embeddings", bounded=True)
 async def embeddings(gateway: Gateway, request: Request) -> Response:
-    model_name, texts, encoding = parse(await gateway.body(request))
+    model_name, texts, encoding = parse(request.state.body)
     name, _, version = model_name.partition(":")
     model = await gateway.client.resolve(name, version or None)
     spec = await gateway.client.spec(model)
-    if spec is None or not _is_text_embedding(spec):
+    if spec is None:
+        raise UnknownModel(f"no worker has served {model}")
+    if not _is_text_embedding(spec):
         raise BadInput(f"{model} is not a text-embedding model (one string in, one vector out)")
     vectors = await oip.run(gateway, model, spec, texts, 0, None, False)
     data = [

@@ -108,7 +108,9 @@ class Metrics:
             registry=self.registry,
         )
         self.in_flight = Gauge(
-            "tandem_http_in_flight", "Requests being served.", registry=self.registry
+            "tandem_http_in_flight",
+            "Inference requests being served (those the concurrency bound counts).",
+            registry=self.registry,
         )
         self.items = Counter(
             "tandem_http_items", "Tasks submitted through HTTP.", ["model"], registry=self.registry
@@ -174,14 +176,15 @@ def endpoint(route: str, *, guarded: bool = True, bounded: bool = False):
             metrics = gateway.metrics
             started = time.perf_counter()
             held = False
-            metrics.in_flight.inc()
             try:
                 if guarded:
                     gateway.check_auth(request)
-                if bounded:
+                if bounded:  # the body first: a slow sender holds no slot
+                    request.state.body = await gateway.body(request)
                     if gateway.busy >= gateway.limits.max_concurrency:
                         raise HTTPError(503, "too many requests in flight", retry_after_s=1)
                     gateway.busy += 1
+                    metrics.in_flight.inc()
                     held = True
                 response = await handler(gateway, request)
             except ClientDisconnect:
@@ -189,9 +192,9 @@ def endpoint(route: str, *, guarded: bool = True, bounded: bool = False):
             except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
                 response = http_error(e).response()
             finally:
-                metrics.in_flight.dec()
                 if held:
                     gateway.busy -= 1
+                    metrics.in_flight.dec()
             metrics.requests.labels(route, str(response.status_code)).inc()
             metrics.seconds.labels(route).observe(time.perf_counter() - started)
             return response

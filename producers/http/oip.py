@@ -136,7 +136,7 @@ async def model_config(gateway: Gateway, request: Request) -> Response:
 
 @endpoint("/v2/models/{name}/infer", bounded=True)
 async def infer(gateway: Gateway, request: Request) -> Response:
-    body = await gateway.body(request)
+    body = request.state.body
     model, spec = await _model(gateway, request)
     parsed = parse_request(body, request.headers.get("inference-header-content-length"))
     items, binary = split(parsed, spec, gateway.limits.max_items)

@@ -171,7 +171,7 @@ def _input(item: Any, n: int, rest: bytes, offset: int) -> tuple[Tensor, int]:
         raise BadInput(f"input {n} has no 'name'")
     label = f"input {name[:64]!r}"
     datatype = item.get("datatype")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise BadInput(f"{label}: datatype {str(datatype)[:32]!r} is not one of {list(DATATYPES)}")
     shape = item.get("shape")
     if (
