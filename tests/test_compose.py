@@ -20,11 +20,11 @@ def compose() -> dict:
 
 
 WORKERS = [f"worker-{n}" for n in range(4)]
-TANDEM_SERVICES = ["coordinator", *WORKERS, "flower", "producer"]
+TANDEM_SERVICES = ["coordinator", *WORKERS, "flower", "gateway", "producer"]
 
 
 def test_services_are_all_there(compose):
-    others = {"redis", "coordinator", "flower", "producer", "prometheus", "grafana"}
+    others = {"redis", "coordinator", "flower", "gateway", "producer", "prometheus", "grafana"}
     assert set(compose["services"]) == others | set(WORKERS)
 
 
@@ -63,7 +63,7 @@ def test_every_tandem_service_shares_the_env_file(compose):
     assert (COMPOSE / "Dockerfile").exists()
 
 
-@pytest.mark.parametrize("service", ["coordinator", "worker-0", "flower", "producer"])
+@pytest.mark.parametrize("service", ["coordinator", "worker-0", "flower", "gateway", "producer"])
 def test_each_command_exists(compose, service):
     command = compose["services"][service]["command"]
     if command[0] == "tandem":
@@ -82,6 +82,14 @@ def test_each_command_exists(compose, service):
         return  # Flower's own options are Tornado's and not listed by --help
     for flag in [part.split("=")[0] for part in command[2:] if part.startswith("--")]:
         assert flag in done.stdout, f"{service}: {flag} is not an option"
+
+
+def test_the_gateway_listens_on_every_address_and_is_checked_on_its_ready_path(compose):
+    gateway = compose["services"]["gateway"]
+    assert gateway["command"][:2] == ["tandem", "http"]
+    assert "0.0.0.0" in gateway["command"] and gateway["ports"] == ["8000:8000"]
+    assert "/v2/health/ready" in " ".join(gateway["healthcheck"]["test"])
+    assert '.[embed,http]"' in (COMPOSE / "Dockerfile").read_text()
 
 
 def test_the_image_copies_every_folder_the_package_maps():

@@ -55,8 +55,21 @@ def test_kustomization_lists_every_manifest_and_shares_the_compose_settings():
     assert env_file()["TANDEM_REDIS_URL"] == "redis://redis:6379/0"  # the Service's name
     objects = manifests()
     assert objects["Service/redis"]["spec"]["ports"] == [{"port": 6379}]
-    for name in ("tandem-coordinator", "tandem-worker", "flower"):
+    for name in ("tandem-coordinator", "tandem-worker", "flower", "tandem-gateway"):
         assert container(objects, name)["envFrom"] == [{"configMapRef": {"name": "tandem-env"}}]
+
+
+def test_the_gateway_runs_replicas_ready_on_its_health_path_and_is_scraped():
+    objects = manifests()
+    deployment = objects["Deployment/tandem-gateway"]
+    assert deployment["spec"]["replicas"] >= 2
+    gateway = container(objects, "tandem-gateway")
+    assert gateway["command"][:2] == ["tandem", "http"] and "0.0.0.0" in gateway["command"]
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "8000"
+    assert objects["Service/tandem-gateway"]["spec"]["ports"] == [{"name": "http", "port": 8000}]
 
 
 def test_one_gpu_per_worker_pod_and_the_grace_period_of_compose():
@@ -90,12 +103,16 @@ def test_keda_scales_the_worker_deployment_on_l1_as_the_readme_shows():
     assert f"listName: {trigger['metadata']['listName']}" in readme
 
 
-def test_prometheus_scrapes_the_coordinator_and_flower():
+def test_prometheus_scrapes_the_coordinator_flower_and_the_gateway():
     config = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
     targets = {
         job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]
     }
-    assert targets == {"tandem": ["coordinator:9108"], "flower": ["flower:5555"]}
+    assert targets == {
+        "tandem": ["coordinator:9108"],
+        "flower": ["flower:5555"],
+        "gateway": ["gateway:8000"],
+    }
     assert config["rule_files"] == ["alerts.yml"]
 
 
@@ -150,6 +167,8 @@ def test_the_dashboard_parses_and_shows_what_an_operator_needs():
         "tandem_task_failures_total",
         "tandem_redelivered_total",
         "tandem_dead_lettered_total",
+        "tandem_http_requests_total",
+        "tandem_http_request_duration_seconds_bucket",
     ):
         assert metric in queried
     titles = " ".join(panel["title"] for panel in dashboard["panels"])
@@ -174,6 +193,7 @@ def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa:
     port = free_port()
     processes.coordinator(metrics_port=port)
     processes.worker("w1")
+    gateway = processes.gateway()
     wanted = set(METRIC.findall(" ".join(dashboard_queries() + [r["expr"] for r in alert_rules()])))
 
     def exported() -> set[str]:
@@ -184,6 +204,7 @@ def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa:
         except OSError:
             return set()
         names |= exported_names(f"{flower}/metrics")
+        names |= exported_names(f"{gateway}/metrics")
         missing.clear()
         missing.update(wanted - names)
         return names if not missing else set()

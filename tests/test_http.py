@@ -9,9 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
+import shutil
 import socket
 import struct
+import subprocess
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -420,3 +424,24 @@ def _metric(url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_the_readme_examples_run_as_written(minilm):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### From any HTTP client", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", section, flags=re.S)
+    here = minilm.removeprefix("http://")
+    curls = [b.replace("\\\n", " ") for kind, b in blocks if kind == "bash" and "curl" in b]
+    assert len(curls) == 1 and shutil.which("curl")
+    done = subprocess.run(
+        curls[0].replace("localhost:8000", here), shell=True, capture_output=True, text=True
+    )
+    (out,) = json.loads(done.stdout)["outputs"]
+    assert out["shape"] == [2, 3] and out["data"] == [1, 2, 3, 4, 5, 6]
+    triton, embeddings = [b.replace("localhost:8000", here) for k, b in blocks if k == "python"]
+    scope: dict = {}
+    exec(triton, scope)
+    assert scope["y"].shape == (2, 4)
+    scope = {}
+    exec(embeddings, scope)
+    assert len(scope["vectors"].data) == 2 and len(scope["vectors"].data[0].embedding) == 384

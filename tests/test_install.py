@@ -29,6 +29,11 @@ EXTRA_FILES = {
     "tools/overload.py": "bench",
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
+    "producers/http/app.py": "http",
+    "producers/http/gateway.py": "http",
+    "producers/http/oip.py": "http",
+    "producers/http/embeddings.py": "http",
+    "producers/http/tensors.py": "http",
 }
 #: What the base commands load, Celery's lazily imported Redis transport and backend included.
 BASE_MODULES = (
@@ -140,7 +145,7 @@ def product_imports() -> dict[str, set[str]]:
 def test_every_package_the_code_imports_is_a_direct_dependency():
     direct = {
         extra: {canonicalize_name(r.name) for r in requirements(DIST, frozenset({extra}))}
-        for extra in ("", "bench", "embed")
+        for extra in ("", "bench", "embed", "http")
     }
     problems = []
     for path, names in product_imports().items():
@@ -150,6 +155,14 @@ def test_every_package_the_code_imports_is_a_direct_dependency():
             if not dists & allowed:
                 problems.append(f"{path} imports {name} ({', '.join(dists) or 'not installed'})")
     assert not problems, "undeclared imports:\n" + "\n".join(problems)
+
+
+def test_http_without_its_extra_names_the_install_command(tmp_path):
+    env = hide_modules(tmp_path, "starlette", "uvicorn")
+    done = tandem("http", env=env, timeout=60, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tandem http needs the http extra (starlette, uvicorn not installed)" in done.stderr
+    assert "pip install 'tandem-serve[http]'" in done.stderr
 
 
 def test_bench_without_its_extra_names_the_install_command(tmp_path):

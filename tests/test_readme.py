@@ -37,9 +37,9 @@ def block_commands(text: str) -> list[list[str]]:
         for line in block.splitlines():
             line = line.split(" #")[0].strip()
             for part in re.split(r"&&|;|\|", line):
-                words = shlex.split(part.strip().removesuffix("&"))
-                if words[:1] == ["tandem"]:
-                    out.append(words)
+                part = part.strip()
+                if part.startswith("tandem "):  # other lines may be cut by `\`
+                    out.append(shlex.split(part.removesuffix("&")))
     return out
 
 
