@@ -225,13 +225,15 @@ def test_binary_byte_counts_that_do_not_match_get_400(url):
     assert post(url, "/v2/models/tiny/infer", body, headers=headers).status_code == 400
 
 
-def test_unknown_models_and_endpoints_get_404(url):
+def test_unknown_models_and_endpoints_get_404_and_wrong_methods_405(url):
     assert post(url, "/v2/models/nope/infer", infer_body("x", "FP32", [1], [1])).status_code == 404
     assert httpx.get(url + "/v2/models/nope").status_code == 404
     assert httpx.get(url + "/v2/models/tiny/versions/9").status_code == 404
     assert httpx.get(url + "/v2/models/bad name!").status_code == 404
     missing = httpx.get(url + "/nowhere")
     assert missing.status_code == 404 and missing.json()["error"]
+    wrong = httpx.get(url + "/v2/models/tiny/infer")
+    assert wrong.status_code == 405 and "POST" in wrong.json()["error"]
 
 
 def slow_body(n: int) -> dict:

@@ -69,7 +69,7 @@ def _encode(vector: list[float], encoding: str) -> Any:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
 
 
-@endpoint("/v1/embeddings", bounded=True)
+@endpoint("/v1/embeddings", method="POST", bounded=True)
 async def embeddings(gateway: Gateway, request: Request) -> Response:
     model_name, texts, encoding = parse(request.state.body)
     name, _, version = model_name.partition(":")

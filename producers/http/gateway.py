@@ -44,6 +44,33 @@ class Limits:
     max_items: int = 1024
 
 
+class Deadline:
+    """`with Deadline(s):` cancels the awaiting task after s seconds and raises
+    TimeoutError from the block; a timer, with no task or future of its own (cheaper
+    than asyncio.wait_for, which wraps what it awaits in a task)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.expired = False
+
+    def __enter__(self) -> Deadline:
+        self._task = asyncio.current_task()
+        self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+        return self
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._task.cancel()
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self._timer.cancel()
+        if self.expired and kind is asyncio.CancelledError:
+            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+            if uncancel is not None:
+                uncancel()
+            raise TimeoutError
+
+
 class HTTPError(Exception):
     def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -146,37 +173,38 @@ class Gateway:
         encoding = request.headers.get("content-encoding", "identity").lower()
         if encoding != "identity":
             raise HTTPError(415, f"Content-Encoding {encoding[:32]!r} is not accepted")
-
-        async def read() -> bytes:
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPError(413, f"the body is over the {limit}-byte limit")
-                chunks.append(chunk)
-            return b"".join(chunks)
-
+        chunks, size = [], 0
         try:
-            return await asyncio.wait_for(read(), self.limits.body_timeout_s)
-        except asyncio.TimeoutError:
+            with Deadline(self.limits.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HTTPError(413, f"the body is over the {limit}-byte limit")
+                    chunks.append(chunk)
+        except TimeoutError:
             raise HTTPError(408, "the body was not sent in time") from None
+        return b"".join(chunks)
 
 
 Handler = Callable[[Gateway, Request], Awaitable[Response]]
 
 
-def endpoint(route: str, *, guarded: bool = True, bounded: bool = False):
-    """An endpoint: its metrics under `route`; auth unless unguarded; the concurrency
-    bound if bounded; every error answered as HTTP."""
+def endpoint(route: str, *, method: str = "GET", guarded: bool = True, bounded: bool = False):
+    """An endpoint: its metrics under `route`; 405 for another method than `method` (GET
+    takes HEAD too); auth unless unguarded; the concurrency bound if bounded; every error
+    answered as HTTP."""
+    allowed = {method, "HEAD"} if method == "GET" else {method}
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         @functools.wraps(handler)
         async def run(request: Request) -> Response:
-            gateway: Gateway = request.app.state.gateway
+            gateway: Gateway = request.state.gateway
             metrics = gateway.metrics
             started = time.perf_counter()
             held = False
             try:
+                if request.method not in allowed:
+                    raise HTTPError(405, f"{request.method} is not allowed on {route}; {method} is")
                 if guarded:
                     gateway.check_auth(request)
                 if bounded:  # the body first: a slow sender holds no slot

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tandem.broker.errors import BadInput, UnknownModel
-from tandem.producers.http.gateway import Gateway, HTTPError, endpoint, task_error
+from tandem.producers.http.gateway import Deadline, Gateway, HTTPError, endpoint, task_error
 from tandem.producers.http.tensors import (
     DATATYPES,
     FROM_DTYPE,
@@ -134,7 +134,7 @@ async def model_config(gateway: Gateway, request: Request) -> Response:
     )
 
 
-@endpoint("/v2/models/{name}/infer", bounded=True)
+@endpoint("/v2/models/{name}/infer", method="POST", bounded=True)
 async def infer(gateway: Gateway, request: Request) -> Response:
     body = request.state.body
     model, spec = await _model(gateway, request)
@@ -185,8 +185,11 @@ async def run(
             future.cancel()
         raise refused
     try:
-        metas = await asyncio.wait_for(asyncio.gather(*waiting), (deadline_s or slo_s) + GRACE_S)
-    except asyncio.TimeoutError:
+        with Deadline((deadline_s or slo_s) + GRACE_S):
+            metas = [await future for future in waiting]
+    except TimeoutError:
+        for future in waiting:
+            future.cancel()
         raise HTTPError(504, f"no result from {model} within the deadline") from None
     for meta in metas:
         if meta.get("status") != "SUCCESS":
