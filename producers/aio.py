@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import secrets
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -33,7 +33,7 @@ from tandem.broker.app import make_app
 from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
-from tandem.broker.table import Table, convert_error, routed_reply
+from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
 
 log = logging.getLogger("tandem.producers")
 
@@ -49,11 +49,13 @@ class AsyncClient:
         self._route = self.redis.register_script(source("route"))
         self._decode = make_app(settings).backend.decode
         self.token = secrets.token_hex(4)
+        self._random = random.Random(secrets.randbits(128))
         self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
         self._waiting: dict[str, asyncio.Future] = {}
         self._pubsub: aioredis.client.PubSub | None = None
         self._reader: asyncio.Task | None = None
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
+        self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -116,7 +118,7 @@ class AsyncClient:
         ids, envelopes = [], []
         limit = self.settings.max_message_bytes
         for value in inputs:
-            task_id = self.token + str(uuid.uuid4())[8:]
+            task_id = self._new_id()
             try:
                 _, envelope = message.encode(
                     model, value, queue=queue, task_id=task_id, priority=priority,
@@ -131,15 +133,10 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in ids]
         self._waiting.update(zip(ids, futures, strict=True))
-        call = Table.route_call(model, envelopes, priority, expires and expires.timestamp())
         try:
-            replies = await self._route(keys=call["keys"], args=call["args"])
-        except BaseException as e:
+            replies = await self._route_joined((model, priority, deadline_s), envelopes)
+        except BaseException:
             self._forget(ids)
-            if isinstance(e, redis.ResponseError):
-                raise convert_error(e) from e
-            if isinstance(e, (redis.ConnectionError, redis.TimeoutError, OSError)):
-                raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
             raise
         out: list[asyncio.Future | Exception] = []
         for task_id, future, reply in zip(ids, futures, replies, strict=True):
@@ -151,6 +148,60 @@ class AsyncClient:
                 future.add_done_callback(lambda _, t=task_id: self._waiting.pop(t, None))
                 out.append(future)
         return out
+
+    async def _route_joined(self, key: tuple, envelopes: list[str]) -> list:
+        """route.lua's replies for these messages. The submits of one event-loop turn
+        with the same model, priority and deadline share script calls (up to ROUTE_CHUNK
+        messages each): the first of them waits one turn for the others, then routes
+        them all, so a busy gateway makes a round trip per turn, not per request."""
+        loop = asyncio.get_running_loop()
+        mine = loop.create_future()
+        joined = self._joining.get(key)
+        if joined is not None:
+            joined.append((envelopes, mine))
+            return await mine
+        joined = self._joining[key] = [(envelopes, mine)]
+        await asyncio.sleep(0)  # one loop turn: the submits made in it join this call
+        del self._joining[key]
+        await self._route_all(key, joined)
+        return mine.result()
+
+    async def _route_all(self, key: tuple, joined: list) -> None:
+        """Route every joined submit's messages; settle each one's future."""
+        model, priority, deadline_s = key
+        deadline = None if deadline_s is None else time.time() + deadline_s
+        messages = [e for envelopes, _ in joined for e in envelopes]
+        replies: list = []
+        error: BaseException | None = None
+        try:
+            for start in range(0, len(messages), ROUTE_CHUNK):
+                call = Table.route_call(
+                    model, messages[start : start + ROUTE_CHUNK], priority, deadline
+                )
+                replies += await self._route(keys=call["keys"], args=call["args"])
+        except redis.ResponseError as e:
+            error = convert_error(e)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            error = BrokerUnavailable(f"cannot reach Redis: {e}")
+        except BaseException as e:
+            error = e
+        n = 0
+        for envelopes, future in joined:
+            end = n + len(envelopes)
+            if end <= len(replies):
+                future.set_result(replies[n:end])
+            else:  # a later chunk failed: these were not all routed
+                future.set_exception(error)
+            n = end
+        if error is not None and not isinstance(error, Exception):
+            raise error  # cancelled: the joined submits have their error, this one too
+
+    def _new_id(self) -> str:
+        """A task id this client hears: its token, then 96 random bits in a version-4 UUID's
+        shape, from a generator seeded once from os.urandom (no system call per id)."""
+        bits = self._random.getrandbits(96)
+        rest = f"{bits:024x}"
+        return f"{self.token}-{rest[:4]}-4{rest[4:7]}-{'89ab'[bits & 3]}{rest[7:10]}-{rest[10:22]}"
 
     def _forget(self, task_ids: list[str]) -> None:
         for task_id in task_ids:

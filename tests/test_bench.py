@@ -145,6 +145,33 @@ def test_the_overload_profile_names_a_bad_load(tmp_path):
     assert "--loads" in done.stderr
 
 
+def test_the_http_profile_times_the_gateway_next_to_a_direct_client():
+    pytest.importorskip("uvicorn")
+    from tandem.broker.settings import load_settings
+    from tandem.tools import httpbench
+
+    report = httpbench.run_http(
+        load_settings(env={}, loglevel="WARNING"),
+        workers=1,
+        progress=lambda text: None,
+        spacings_ms=(1.0,),
+        tasks=6,
+        block=3,
+        concurrencies=(4,),
+        burst=200,
+        rates=(20.0,),
+        seconds=1.0,
+    )
+    direct, http = report["low_load"]
+    assert (direct["path"], http["path"]) == ("direct", "http")
+    assert direct["added_p50_ms"] == 0 and http["requests"] == 6 and http["p50_ms"] > 0
+    (cpu,) = report["cpu"]
+    assert cpu["failed"] == 0 and cpu["requests"] == 200
+    assert cpu["requests_per_s"] > 0 and cpu["gateway_cpu_us_per_request"] > 0
+    assert [row["path"] for row in report["sweep"]] == ["direct", "http"]
+    assert all(row["failed"] == 0 and row["p50_ms"] > 0 for row in report["sweep"])
+
+
 def test_the_latency_profile_times_both_paths_alike(tmp_path):
     from tandem.broker.settings import load_settings
     from tandem.tools import latency

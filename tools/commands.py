@@ -204,7 +204,7 @@ def _http_bench(quick, workers, json_path) -> None:
         )
     )
     console.print(
-        rows_table("the gateway's CPU, a closed loop", httpbench.CPU_COLUMNS, [report["cpu"]])
+        rows_table("the gateway's CPU, a closed loop", httpbench.CPU_COLUMNS, report["cpu"])
     )
     console.print(
         rows_table(

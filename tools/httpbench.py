@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import redis
 
@@ -39,7 +40,7 @@ PATH = "/v2/models/sim/versions/1/infer"
 SPACINGS_MS = (30.0, 2.0)
 BLOCK = 50
 TASKS = 300
-CONCURRENCY = 16
+CONCURRENCIES = (1, 16, 64)
 BURST = 4000
 SWEEP_RATES = (10.0, 300.0, 1000.0)
 
@@ -81,9 +82,9 @@ class Stack:
         while time.monotonic() < deadline:
             self.gateway.check()
             try:
-                if httpx.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2):
+                    return  # 200: urlopen raises on anything else
+            except OSError:
                 pass
             time.sleep(0.1)  # polling the gateway's readiness, bounded by the deadline
         raise RuntimeError("the gateway was not ready within 60 s")
@@ -95,8 +96,51 @@ class Stack:
         self.server.stop()
 
 
+class RawHTTP:
+    """One keep-alive connection and the least HTTP/1.1 a client can speak: what the
+    gateway adds is measured, not what an HTTP client library costs."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.host = host
+        self.buffer = b""
+
+    def post(self, path: str, payload: bytes) -> bytes:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + payload)
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self._recv()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"the gateway answered {head[:200]!r}")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(self.buffer) < length:
+            self.buffer += self._recv()
+        answer, self.buffer = self.buffer[:length], self.buffer[length:]
+        return answer
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the gateway closed the connection")
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def _low_load(stack: Stack, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
-    with Client(settings=stack.settings) as client, httpx.Client(base_url=stack.url) as http:
+    http = RawHTTP(stack.url)
+    with Client(settings=stack.settings) as client:
 
         def direct() -> float:
             start = time.perf_counter()
@@ -105,8 +149,7 @@ def _low_load(stack: Stack, spacings_ms, tasks: int, block: int, progress) -> li
 
         def gateway() -> float:
             start = time.perf_counter()
-            done = http.post(PATH, content=body(1))
-            done.raise_for_status()
+            http.post(PATH, body(1))
             return (time.perf_counter() - start) * 1000
 
         for _ in range(block):  # warm both paths
@@ -133,7 +176,26 @@ def _low_load(stack: Stack, spacings_ms, tasks: int, block: int, progress) -> li
                         "added_p50_ms": round(p50[name] - p50["direct"], 3),
                     }
                 )
-        return rows
+    http.close()
+    return rows
+
+
+async def _post(reader, writer, host: str, n: int) -> bool:
+    """One OIP request on a keep-alive asyncio connection; True if it got 200."""
+    payload = body(n)
+    head = (
+        f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    answer = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in answer.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await reader.readexactly(length)
+    return answer.startswith(b"HTTP/1.1 200")
 
 
 def _closed_loop(url: str, requests: int, concurrency: int, out) -> None:
@@ -150,20 +212,7 @@ def _closed_loop(url: str, requests: int, concurrency: int, out) -> None:
             nonlocal failed
             reader, writer = await asyncio.open_connection(host, int(port))
             for n in left:
-                payload = body(n)
-                writer.write(
-                    f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                    + payload
-                )
-                head = await reader.readuntil(b"\r\n\r\n")
-                failed += not head.startswith(b"HTTP/1.1 200")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
+                failed += not await _post(reader, writer, host, n)
             writer.close()
 
         start = time.perf_counter()
@@ -177,7 +226,7 @@ def _cpu(stack: Stack, requests: int, concurrency: int, progress) -> dict[str, A
     progress(f"gateway CPU: {requests} requests, {concurrency} at a time, one item each")
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    warm = context.Process(target=_closed_loop, args=(stack.url, 500, concurrency, out))
+    warm = context.Process(target=_closed_loop, args=(stack.url, 300, concurrency, out))
     warm.start()
     out.get(timeout=120)
     warm.join()
@@ -200,28 +249,33 @@ def _cpu(stack: Stack, requests: int, concurrency: int, progress) -> dict[str, A
 
 
 async def _open_loop(url: str, schedule: list[float]) -> tuple[list[float], int]:
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as http:
-        latencies: list[float] = []
-        failed = 0
+    """Each arrival an OIP request at its time (open loop), on a pool of keep-alive
+    connections; its latency from its due time to its response."""
+    host, port = url.removeprefix("http://").split(":")
+    idle: list = []
+    latencies: list[float] = []
+    failed = 0
 
-        async def one(n: int, due: float) -> None:
-            nonlocal failed
-            done = await http.post(PATH, content=body(n))
-            if done.status_code == 200:
-                latencies.append((time.perf_counter() - due) * 1000)
-            else:
-                failed += 1
+    async def one(n: int, due: float) -> None:
+        nonlocal failed
+        pair = idle.pop() if idle else await asyncio.open_connection(host, int(port))
+        if await _post(*pair, host, n):
+            latencies.append((time.perf_counter() - due) * 1000)
+        else:
+            failed += 1
+        idle.append(pair)
 
-        tasks = []
-        start = time.perf_counter()
-        for n, offset in enumerate(schedule):
-            wait = start + offset - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)  # pacing the open-loop arrivals
-            tasks.append(asyncio.create_task(one(n, start + offset)))
-        await asyncio.gather(*tasks)
-        return latencies, failed
+    tasks = []
+    start = time.perf_counter()
+    for n, offset in enumerate(schedule):
+        wait = start + offset - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)  # pacing the open-loop arrivals
+        tasks.append(asyncio.create_task(one(n, start + offset)))
+    await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
+    return latencies, failed
 
 
 def _sweep(settings: Settings, rates, seconds: float, workers: int, progress) -> list[dict]:
@@ -267,17 +321,27 @@ def run_http(
     quick: bool = False,
     workers: int = 2,
     progress: Callable[[str], None] = print,
+    spacings_ms: tuple[float, ...] = SPACINGS_MS,
+    block: int = BLOCK,
+    concurrencies: tuple[int, ...] = CONCURRENCIES,
+    tasks: int | None = None,
+    burst: int | None = None,
+    rates: tuple[float, ...] | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     zero = settings.replace(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
+    tasks = tasks or (100 if quick else TASKS)
+    burst = burst or (1000 if quick else BURST)
     with point_folder("tandem-http-", "http profile") as folder:
         stack = Stack(zero, folder, 1)
         try:
-            low = _low_load(stack, SPACINGS_MS, 100 if quick else TASKS, BLOCK, progress)
-            cpu = _cpu(stack, 1000 if quick else BURST, CONCURRENCY, progress)
+            low = _low_load(stack, spacings_ms, tasks, block, progress)
+            cpu = [_cpu(stack, burst, c, progress) for c in concurrencies]
         finally:
             stack.close()
-    rates = (10.0, 300.0) if quick else SWEEP_RATES
-    sweep = _sweep(settings, rates, 2.0 if quick else 5.0, workers, progress)
+    rates = rates or ((10.0, 300.0) if quick else SWEEP_RATES)
+    seconds = seconds or (2.0 if quick else 5.0)
+    sweep = _sweep(settings, rates, seconds, workers, progress)
     return {"low_load": low, "cpu": cpu, "sweep": sweep}
 
 
