@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import secrets
+import socket
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
@@ -40,6 +42,9 @@ log = logging.getLogger("tandem.producers")
 #: How long what the client read about a model (live executors, its latest version, its
 #: signature and SLO) is kept, in seconds.
 MODEL_TTL_S = 1.0
+#: The first word of Redis's confirmation of PSUBSCRIBE, and of a message on the pattern.
+SUBSCRIBED = (b"psubscribe", "psubscribe")
+PUBLISHED = (b"pmessage", "pmessage")
 
 
 class AsyncClient:
@@ -52,7 +57,7 @@ class AsyncClient:
         self._random = random.Random(secrets.randbits(128))
         self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
         self._waiting: dict[str, asyncio.Future] = {}
-        self._pubsub: aioredis.client.PubSub | None = None
+        self._conn = None  # the subscribed connection
         self._reader: asyncio.Task | None = None
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
         self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
@@ -66,18 +71,33 @@ class AsyncClient:
 
     async def start(self) -> None:
         """Subscribe, confirmed by Redis, and start the reader."""
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=False)
-        await pubsub.psubscribe(self.pattern)
-        deadline = time.monotonic() + 5.0
-        while True:
-            reply = await pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-            if reply is not None and reply["type"] == "psubscribe":
-                break
-            if time.monotonic() > deadline:
-                await pubsub.aclose()
-                raise BrokerUnavailable(f"no confirmation of PSUBSCRIBE {self.pattern}")
-        self._pubsub = pubsub
+        self._conn = await self._subscribe()
         self._reader = asyncio.create_task(self._read(), name="tandem-results")
+
+    async def _subscribe(self):
+        """A connection of its own, PSUBSCRIBEd, confirmed by Redis. Kernel keepalives
+        find a peer gone quiet (the reader blocks without a timeout of its own)."""
+        pool = self.redis.connection_pool
+        options = {
+            **pool.connection_kwargs, "socket_keepalive": True, "client_name": "tandem-results"
+        }  # fmt: skip
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            options["socket_keepalive_options"] = {
+                socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3
+            }  # fmt: skip
+        conn = pool.connection_class(**options)
+        try:
+            await conn.connect()
+            await conn.send_command("PSUBSCRIBE", self.pattern)
+            reply = await conn.read_response(timeout=5.0, push_request=True)
+            if not (
+                isinstance(reply, list) and reply and reply[0] in (b"psubscribe", "psubscribe")
+            ):
+                raise BrokerUnavailable(f"no confirmation of PSUBSCRIBE {self.pattern}: {reply!r}")
+        except BaseException:
+            await conn.disconnect()
+            raise
+        return conn
 
     @property
     def reading(self) -> bool:
@@ -88,8 +108,8 @@ class AsyncClient:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
+        if self._conn is not None:
+            await self._conn.disconnect()
         for future in self._waiting.values():
             future.cancel()
         await self.redis.aclose()
@@ -277,19 +297,31 @@ class AsyncClient:
     # The reader
 
     async def _read(self) -> None:
+        """Hand each result to its future; after a lost connection, subscribe again
+        (retrying) and read what was stored meanwhile."""
         while True:
             try:
-                reply = await self._pubsub.get_message(timeout=1.0)
+                reply = await self._conn.read_response(timeout=math.inf, push_request=True)
             except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-                log.warning("results %s: %s; reconnecting", self.token, e)
-                await asyncio.sleep(0.1)  # backoff before the next read
-                continue
-            if reply is None:
-                continue
-            if reply["type"] == "pmessage":
-                self._deliver(reply["channel"], reply["data"])
-            elif reply["type"] == "psubscribe":
+                log.warning("results %s: %s; subscribing again", self.token, e)
+                await self._conn.disconnect()
+                self._conn = await self._subscribe_again()
                 await self._catch_up()
+                continue
+            if (
+                isinstance(reply, list)
+                and len(reply) == 4
+                and reply[0] in (b"pmessage", "pmessage")
+            ):
+                self._deliver(reply[2], reply[3])
+
+    async def _subscribe_again(self):
+        while True:
+            try:
+                return await self._subscribe()
+            except (redis.RedisError, BrokerUnavailable, OSError) as e:
+                log.warning("results %s: cannot subscribe (%s); retrying", self.token, e)
+                await asyncio.sleep(0.1)  # backoff before the next try
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
         task_id = channel.decode(errors="replace")[len(keys.RESULT_PREFIX) :]

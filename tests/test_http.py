@@ -303,6 +303,17 @@ def test_a_model_without_a_live_executor_gets_503(stack, url):
     assert httpx.get(url + "/v2/models/sim/versions/3/ready").status_code == 503
 
 
+def test_results_still_come_after_the_result_subscription_is_cut(stack, url):
+    admin = redis.Redis.from_url(stack.settings.redis_url)
+    body = infer_body("x", "FP32", [2, 8], [0.5] * 16)
+    for _ in range(3):
+        (mine,) = [c for c in admin.client_list() if c["name"] == "tandem-results"]
+        assert admin.client_kill_filter(_id=mine["id"]) == 1
+        done = post(url, "/v2/models/tiny/infer", body)
+        assert done.status_code == 200, done.text
+    admin.close()
+
+
 # A strict gateway: auth, a small body limit, one request at a time, a short body timeout
 
 
