@@ -13,6 +13,7 @@ Any other content type (pickle above all) is refused without being decoded.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import time
@@ -90,7 +91,7 @@ def encode(
         body = json.dumps(triple, separators=(",", ":"), allow_nan=False).encode()
     quoted_id = json.dumps(task_id)
     sent_at = time.time()
-    kwargsrepr = json.dumps(f"{{'model': {model!r}, 'inputs': ...}}")
+    kwargsrepr, quoted_queue = _quoted(model, queue)
     # The kombu envelope, written out directly (on every submit's path): the same JSON as
     # json.dumps of the nested dicts with separators (",", ":"), keys in this order.
     envelope = (
@@ -103,11 +104,17 @@ def encode(
         f'"root_id":{quoted_id},"parent_id":null,"argsrepr":"()","kwargsrepr":{kwargsrepr},'
         f'"origin":"tandem","ignore_result":false,"tandem_sent_at":{sent_at!r}}},'
         f'"properties":{{"correlation_id":{quoted_id},"reply_to":"","delivery_mode":2,'
-        f'"delivery_info":{{"exchange":"","routing_key":{json.dumps(queue)}}},'
+        f'"delivery_info":{{"exchange":"","routing_key":{quoted_queue}}},'
         f'"priority":{int(priority)},"body_encoding":"base64",'
         f'"delivery_tag":"{uuid.uuid4()}"}}}}'
     )
     return task_id, envelope
+
+
+@functools.lru_cache(maxsize=1024)
+def _quoted(model: str, queue: str) -> tuple[str, str]:
+    """The envelope's kwargsrepr and routing key as JSON strings: once per model."""
+    return json.dumps(f"{{'model': {model!r}, 'inputs': ...}}"), json.dumps(queue)
 
 
 def decode(raw: bytes, *, max_bytes: int) -> Task:

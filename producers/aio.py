@@ -31,7 +31,6 @@ import redis.asyncio as aioredis
 from celery import states
 
 from tandem.broker import keys, message
-from tandem.broker.app import make_app
 from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
@@ -52,7 +51,6 @@ class AsyncClient:
         self.settings = settings
         self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=10)
         self._route = self.redis.register_script(source("route"))
-        self._decode = make_app(settings).backend.decode
         self.token = secrets.token_hex(4)
         self._random = random.Random(secrets.randbits(128))
         self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
@@ -329,7 +327,7 @@ class AsyncClient:
         if future is None or future.done():
             return
         try:
-            meta = self._decode(data)
+            meta = json.loads(data)  # Celery's result meta; tandem's results are JSON
             final = isinstance(meta, dict) and meta.get("status") in states.READY_STATES
         except Exception:  # noqa: BLE001 - any bytes at all may be published there
             final = False

@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, Router
 
@@ -21,13 +20,13 @@ from tandem.broker.settings import Settings
 from tandem.producers.aio import AsyncClient
 from tandem.producers.http import oip
 from tandem.producers.http.embeddings import embeddings
-from tandem.producers.http.gateway import Gateway, HTTPError, Limits, endpoint
+from tandem.producers.http.gateway import Call, Gateway, HTTPError, Limits, endpoint
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
 @endpoint("/metrics", guarded=False)
-async def metrics(gateway: Gateway, request: Request) -> Response:
+async def metrics(gateway: Gateway, call: Call) -> Response:
     return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -54,11 +53,13 @@ def make_app(settings: Settings, limits: Limits | None = None, token: str | None
 
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
-    routes = [
+    # Starlette tries routes in order: the ones every request takes come first.
+    routes = [(model + "/infer", oip.infer), (versioned + "/infer", oip.infer)]
+    routes += [
+        ("/v1/embeddings", embeddings),
         ("/v2", oip.server_metadata),
         ("/v2/health/live", oip.live),
         ("/v2/health/ready", oip.ready),
-        ("/v1/embeddings", embeddings),
         ("/metrics", metrics),
     ]
     for base in (model, versioned):
@@ -66,7 +67,6 @@ def make_app(settings: Settings, limits: Limits | None = None, token: str | None
             (base, oip.model_metadata),
             (base + "/ready", oip.model_ready),
             (base + "/config", oip.model_config),
-            (base + "/infer", oip.infer),
         ]
     # Every method reaches the endpoint, which answers a wrong one with a JSON 405.
     return Router(

@@ -13,12 +13,11 @@ import base64
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tandem.broker.errors import BadInput, UnknownModel
 from tandem.producers.http import oip
-from tandem.producers.http.gateway import Gateway, endpoint
+from tandem.producers.http.gateway import Call, Gateway, endpoint
 from tandem.producers.http.tensors import loads
 
 #: Most strings one request may embed, as OpenAI's own limit.
@@ -70,8 +69,8 @@ def _encode(vector: list[float], encoding: str) -> Any:
 
 
 @endpoint("/v1/embeddings", method="POST", bounded=True)
-async def embeddings(gateway: Gateway, request: Request) -> Response:
-    model_name, texts, encoding = parse(request.state.body)
+async def embeddings(gateway: Gateway, call: Call) -> Response:
+    model_name, texts, encoding = parse(call.body)
     name, _, version = model_name.partition(":")
     model = await gateway.client.resolve(name, version or None)
     spec = await gateway.client.spec(model)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from tandem.broker.errors import (
@@ -139,9 +139,19 @@ class Metrics:
             "Inference requests being served (those the concurrency bound counts).",
             registry=self.registry,
         )
+        self._children: dict[tuple[str, int], tuple] = {}
         self.items = Counter(
             "tandem_http_items", "Tasks submitted through HTTP.", ["model"], registry=self.registry
         )
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Count one request and its latency (the labelled children kept, not looked up)."""
+        children = self._children.get((route, status))
+        if children is None:
+            children = self.requests.labels(route, str(status)), self.seconds.labels(route)
+            self._children[route, status] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class Gateway:
@@ -154,79 +164,113 @@ class Gateway:
         self.metrics = Metrics()
         self.busy = 0
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, call: Call) -> None:
         if not self.token:
             return
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
+        scheme, _, value = call.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             value.strip().encode(), self.token.encode()
         ):
             raise HTTPError(401, "a valid 'Authorization: Bearer <token>' header is required")
 
-    async def body(self, request: Request) -> bytes:
+    async def read_body(self, call: Call) -> bytes:
         """The request body, within the size limit and the time limit."""
         limit = self.limits.max_body_bytes
-        declared = request.headers.get("content-length")
+        declared = call.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             raise HTTPError(413, f"the body is over the {limit}-byte limit")
-        encoding = request.headers.get("content-encoding", "identity").lower()
+        encoding = call.headers.get("content-encoding", "identity").lower()
         if encoding != "identity":
             raise HTTPError(415, f"Content-Encoding {encoding[:32]!r} is not accepted")
         chunks, size = [], 0
         try:
             with Deadline(self.limits.body_timeout_s):
-                async for chunk in request.stream():
+                while True:
+                    message = await call.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientDisconnect
+                    chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
                         raise HTTPError(413, f"the body is over the {limit}-byte limit")
                     chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
         except TimeoutError:
             raise HTTPError(408, "the body was not sent in time") from None
         return b"".join(chunks)
 
 
-Handler = Callable[[Gateway, Request], Awaitable[Response]]
+class Call:
+    """One request as an endpoint sees it, read from the ASGI scope: the method, the
+    path's parameters, the headers (lower-case names; the last of a repeated one), and
+    the body once the endpoint's wrapper has read it."""
+
+    __slots__ = ("method", "path", "path_params", "headers", "receive", "body")
+
+    def __init__(self, scope: dict, receive) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.path_params: dict = scope.get("path_params", {})
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self.receive = receive
+        self.body = b""
+
+
+Handler = Callable[[Gateway, Call], Awaitable[Response]]
+
+
+class Endpoint:
+    """An ASGI endpoint around a handler: its metrics under `route`; 405 for another
+    method than `method` (GET takes HEAD too); auth unless unguarded; for a bounded one,
+    the body read first (a slow sender holds no slot), then the concurrency bound; every
+    error answered as HTTP. Plain ASGI, not Starlette's Request: this is every request's
+    path, and Starlette's request machinery costs more than the rest of it."""
+
+    def __init__(self, handler: Handler, route: str, method: str, guarded: bool, bounded: bool):
+        self.handler = handler
+        self.route = route
+        self.method = method
+        self.allowed = {method, "HEAD"} if method == "GET" else {method}
+        self.guarded = guarded
+        self.bounded = bounded
+        functools.update_wrapper(self, handler)
+
+    async def __call__(self, scope, receive, send) -> None:
+        gateway: Gateway = scope["state"]["gateway"]
+        metrics = gateway.metrics
+        started = time.perf_counter()
+        call = Call(scope, receive)
+        held = False
+        try:
+            if call.method not in self.allowed:
+                raise HTTPError(
+                    405, f"{call.method} is not allowed on {self.route}; use {self.method}"
+                )
+            if self.guarded:
+                gateway.check_auth(call)
+            if self.bounded:
+                call.body = await gateway.read_body(call)
+                if gateway.busy >= gateway.limits.max_concurrency:
+                    raise HTTPError(503, "too many requests in flight", retry_after_s=1)
+                gateway.busy += 1
+                metrics.in_flight.inc()
+                held = True
+            response = await self.handler(gateway, call)
+        except ClientDisconnect:
+            response = None  # nobody reads an answer
+        except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
+            response = http_error(e).response()
+        finally:
+            if held:
+                gateway.busy -= 1
+                metrics.in_flight.dec()
+        status = 499 if response is None else response.status_code
+        if response is not None:
+            await response(scope, receive, send)
+        metrics.observe(self.route, status, time.perf_counter() - started)
 
 
 def endpoint(route: str, *, method: str = "GET", guarded: bool = True, bounded: bool = False):
-    """An endpoint: its metrics under `route`; 405 for another method than `method` (GET
-    takes HEAD too); auth unless unguarded; the concurrency bound if bounded; every error
-    answered as HTTP."""
-    allowed = {method, "HEAD"} if method == "GET" else {method}
-
-    def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        @functools.wraps(handler)
-        async def run(request: Request) -> Response:
-            gateway: Gateway = request.state.gateway
-            metrics = gateway.metrics
-            started = time.perf_counter()
-            held = False
-            try:
-                if request.method not in allowed:
-                    raise HTTPError(405, f"{request.method} is not allowed on {route}; {method} is")
-                if guarded:
-                    gateway.check_auth(request)
-                if bounded:  # the body first: a slow sender holds no slot
-                    request.state.body = await gateway.body(request)
-                    if gateway.busy >= gateway.limits.max_concurrency:
-                        raise HTTPError(503, "too many requests in flight", retry_after_s=1)
-                    gateway.busy += 1
-                    metrics.in_flight.inc()
-                    held = True
-                response = await handler(gateway, request)
-            except ClientDisconnect:
-                response = Response(status_code=499)  # nobody reads it
-            except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
-                response = http_error(e).response()
-            finally:
-                if held:
-                    gateway.busy -= 1
-                    metrics.in_flight.dec()
-            metrics.requests.labels(route, str(response.status_code)).inc()
-            metrics.seconds.labels(route).observe(time.perf_counter() - started)
-            return response
-
-        return run
-
-    return wrap
+    """Make a handler an Endpoint (see there)."""
+    return lambda handler: Endpoint(handler, route, method, guarded, bounded)

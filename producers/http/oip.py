@@ -14,11 +14,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tandem.broker.errors import BadInput, UnknownModel
-from tandem.producers.http.gateway import Deadline, Gateway, HTTPError, endpoint, task_error
+from tandem.producers.http.gateway import Call, Deadline, Gateway, HTTPError, endpoint, task_error
 from tandem.producers.http.tensors import (
     DATATYPES,
     FROM_DTYPE,
@@ -40,9 +39,9 @@ def _version() -> str:
         return "0"
 
 
-async def _model(gateway: Gateway, request: Request) -> tuple[str, dict]:
+async def _model(gateway: Gateway, call: Call) -> tuple[str, dict]:
     """NAME:VERSION of the path's model and its signature; 404 if no worker serves it."""
-    params = request.path_params
+    params = call.path_params
     model = await gateway.client.resolve(params["name"], params.get("version"))
     spec = await gateway.client.spec(model)
     if spec is None:
@@ -55,19 +54,19 @@ def _shape(row: dict) -> list[int]:
 
 
 @endpoint("/v2")
-async def server_metadata(gateway: Gateway, request: Request) -> Response:
+async def server_metadata(gateway: Gateway, call: Call) -> Response:
     return JSONResponse(
         {"name": "tandem", "version": _version(), "extensions": ["binary_tensor_data"]}
     )
 
 
 @endpoint("/v2/health/live", guarded=False)
-async def live(gateway: Gateway, request: Request) -> Response:
+async def live(gateway: Gateway, call: Call) -> Response:
     return Response(status_code=200)
 
 
 @endpoint("/v2/health/ready", guarded=False)
-async def ready(gateway: Gateway, request: Request) -> Response:
+async def ready(gateway: Gateway, call: Call) -> Response:
     """Ready while Redis answers and the result reader runs."""
     if not gateway.client.reading:
         raise HTTPError(503, "the result reader is not running")
@@ -79,8 +78,8 @@ async def ready(gateway: Gateway, request: Request) -> Response:
 
 
 @endpoint("/v2/models/{name}")
-async def model_metadata(gateway: Gateway, request: Request) -> Response:
-    model, spec = await _model(gateway, request)
+async def model_metadata(gateway: Gateway, call: Call) -> Response:
+    model, spec = await _model(gateway, call)
     name, _, model_version = model.partition(":")
 
     def rows(kind: str) -> list[dict]:
@@ -101,17 +100,17 @@ async def model_metadata(gateway: Gateway, request: Request) -> Response:
 
 
 @endpoint("/v2/models/{name}/ready")
-async def model_ready(gateway: Gateway, request: Request) -> Response:
-    model, _ = await _model(gateway, request)
+async def model_ready(gateway: Gateway, call: Call) -> Response:
+    model, _ = await _model(gateway, call)
     if not await gateway.client.live(model):
         raise HTTPError(503, f"no live executor serves {model}", retry_after_s=1)
     return Response(status_code=200)
 
 
 @endpoint("/v2/models/{name}/config")
-async def model_config(gateway: Gateway, request: Request) -> Response:
+async def model_config(gateway: Gateway, call: Call) -> Response:
     """The few fields of Triton's model config that perf_analyzer reads."""
-    model, spec = await _model(gateway, request)
+    model, spec = await _model(gateway, call)
 
     def rows(kind: str) -> list[dict]:
         return [
@@ -135,10 +134,10 @@ async def model_config(gateway: Gateway, request: Request) -> Response:
 
 
 @endpoint("/v2/models/{name}/infer", method="POST", bounded=True)
-async def infer(gateway: Gateway, request: Request) -> Response:
-    body = request.state.body
-    model, spec = await _model(gateway, request)
-    parsed = parse_request(body, request.headers.get("inference-header-content-length"))
+async def infer(gateway: Gateway, call: Call) -> Response:
+    body = call.body
+    model, spec = await _model(gateway, call)
+    parsed = parse_request(body, call.headers.get("inference-header-content-length"))
     items, binary = split(parsed, spec, gateway.limits.max_items)
     priority, deadline_s = _parameters(parsed.parameters)
     results = await run(gateway, model, spec, items, priority, deadline_s, binary)
