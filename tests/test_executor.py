@@ -62,7 +62,8 @@ def test_bisection_fails_only_the_poisoned_task(running):
         else:
             assert result.get(timeout=10) == 2 * value
     assert model.batch_sizes[0] == 16
-    assert executor.batches == 1
+    # The batch is counted just after its results are stored, on the executor's side.
+    wait_until(lambda: executor.batches == 1, 10, "the batch to be counted")
     assert "failed=1" in repr(executor)
 
 
