@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from helpers import PLAIN_APPS, wait_until
-from tandem.broker.settings import Settings, load_settings
+from helpers import PLAIN_APPS, fast_settings, wait_until
+from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import stop_result_listener
 from tandem.server import RedisServer, free_port
@@ -41,14 +41,7 @@ def r(redis_server):
 @pytest.fixture
 def settings(redis_server) -> Settings:
     """Settings for the test Redis, with short heartbeats so dead executors expire fast."""
-    return load_settings(
-        env={},
-        redis_url=redis_server.url,
-        heartbeat_s=0.2,
-        heartbeat_ttl_s=1.5,
-        coordinator_interval_s=0.1,
-        loglevel="INFO",
-    )
+    return fast_settings(redis_server.url)
 
 
 class Processes:

@@ -12,6 +12,7 @@ from typing import TypeVar
 import redis
 from celery import Celery
 
+from tandem.broker.settings import Settings, load_settings
 from tandem.broker.state import ExecutorInfo
 from tandem.broker.table import Table
 
@@ -28,6 +29,18 @@ def wait_until(condition: Callable[[], T], timeout_s: float = 30.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
         time.sleep(0.01)  # polling interval of a condition wait, bounded by the deadline
+
+
+def fast_settings(redis_url: str) -> Settings:
+    """Settings for a test Redis, with short heartbeats so dead executors expire fast."""
+    return load_settings(
+        env={},
+        redis_url=redis_url,
+        heartbeat_s=0.2,
+        heartbeat_ttl_s=1.5,
+        coordinator_interval_s=0.1,
+        loglevel="INFO",
+    )
 
 
 def executors_of(r: redis.Redis, worker: str) -> list[ExecutorInfo]:

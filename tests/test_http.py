@@ -26,8 +26,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from conftest import Processes
-from helpers import wait_until
-from tandem.broker.settings import load_settings
+from helpers import fast_settings, wait_until
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.server import RedisServer
@@ -41,14 +40,7 @@ SLOW_MS = 300
 def stack(tmp_path_factory):
     folder = tmp_path_factory.mktemp("http")
     server = RedisServer(folder / "redis").start()
-    settings = load_settings(
-        env={},
-        redis_url=server.url,
-        heartbeat_s=0.2,
-        heartbeat_ttl_s=1.5,
-        coordinator_interval_s=0.1,
-        loglevel="INFO",
-    )
+    settings = fast_settings(server.url)
     client = redis.Redis.from_url(server.url)
     procs = Processes(settings, client, folder / "logs")
     try:

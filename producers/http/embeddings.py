@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from tandem.broker.errors import BadInput, UnknownModel
 from tandem.producers.http import oip
 from tandem.producers.http.gateway import Call, Gateway, endpoint
-from tandem.producers.http.tensors import loads
+from tandem.producers.http.tensors import loads_object
 
 #: Most strings one request may embed, as OpenAI's own limit.
 MAX_INPUTS = 2048
@@ -37,9 +37,7 @@ def _is_text_embedding(spec: dict) -> bool:
 
 def parse(body: bytes) -> tuple[str, list[str], str]:
     """(model, the texts, the encoding format) of an embeddings request."""
-    raw = loads(body)
-    if not isinstance(raw, dict):
-        raise BadInput("the request must be a JSON object")
+    raw = loads_object(body)
     model = raw.get("model")
     if not isinstance(model, str) or not model:
         raise BadInput("'model' must be a model name, such as 'minilm:1'")

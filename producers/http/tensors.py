@@ -89,6 +89,14 @@ def loads(data: bytes | str) -> Any:
         raise BadInput(f"invalid JSON: {str(e)[:200]}") from None
 
 
+def loads_object(data: bytes) -> dict:
+    """A strict JSON object, else BadInput."""
+    raw = loads(data)
+    if not isinstance(raw, dict):
+        raise BadInput("the request must be a JSON object")
+    return raw
+
+
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     """An infer request from its body and its Inference-Header-Content-Length header."""
     if header_length is None:
@@ -103,9 +111,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
                 f"Inference-Header-Content-Length {n} does not fit a body of {len(body)} bytes"
             )
         head, rest = body[:n], body[n:]
-    raw = loads(head)
-    if not isinstance(raw, dict):
-        raise BadInput("the request must be a JSON object")
+    raw = loads_object(head)
     inputs = raw.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadInput("'inputs' must be a non-empty list")
