@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class TandemError(Exception):
     """Root of every error tandem raises on purpose."""
+
+    #: A burst cut short (Table.route_many): the route replies of the messages enqueued
+    #: before the error, in order.
+    routed: Sequence = ()
+    #: Client.submit_many: the results of the tasks enqueued before, or besides, the error.
+    accepted: Sequence = ()
+
+
+class BadArgument(TandemError, ValueError):
+    """A caller's argument is malformed or out of range: a model name that is not
+    NAME:VERSION, a priority outside 0-9. Also a ValueError, as it was before."""
 
 
 class UnknownModel(TandemError):
@@ -47,6 +60,9 @@ class BrokerUnavailable(TandemError):
 
 class ModelError(TandemError):
     """The model raised while computing this task."""
+
+    #: The model's own traceback, formatted, kept for the task's FAILURE result.
+    traceback: str | None = None
 
 
 class ModelLoadError(TandemError):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from tandem.broker.errors import BadArgument
+
 #: Priority steps, as kombu's Redis transport lays them out. Lower is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)
 #: Separator kombu puts between a queue name and its priority step.
@@ -63,10 +65,13 @@ _PART = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def parse_model(model: str) -> tuple[str, str]:
-    """Split ``NAME:VERSION`` and check both parts; raise ValueError if malformed."""
+    """Split ``NAME:VERSION`` and check both parts; raise BadArgument (a ValueError) if
+    malformed."""
     name, sep, version = model.partition(":")
     if not sep or not _PART.match(name) or not _PART.match(version):
-        raise ValueError(f"model must look like NAME:VERSION (letters, digits, _ -), got {model!r}")
+        raise BadArgument(
+            f"model must look like NAME:VERSION (letters, digits, _ -), got {model!r}"
+        )
     return name, version
 
 

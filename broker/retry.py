@@ -15,13 +15,17 @@ Between tries: 0.1 s, doubling to 2 s (Backoff), each error logged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import redis
+from kombu.exceptions import OperationalError
+
+from tandem.broker.errors import BrokerUnavailable
 
 #: The call may never have run, or its reply was lost.
 DISCONNECTS = (redis.ConnectionError, redis.TimeoutError)
@@ -29,6 +33,18 @@ DISCONNECTS = (redis.ConnectionError, redis.TimeoutError)
 REDIS_ERRORS = (redis.RedisError,)
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def unavailable_as_tandem(what: str = "cannot reach Redis") -> Iterator[None]:
+    """Raise a disconnect or a timeout in the block as BrokerUnavailable: the error a
+    caller of tandem gets from every method that talks to Redis."""
+    try:
+        yield
+    except (*DISCONNECTS, OperationalError) as e:  # kombu's, for what goes through Celery
+        raise BrokerUnavailable(f"{what}: {type(e).__name__}: {e}") from e
+
+
 log = logging.getLogger("tandem.retry")
 
 

@@ -22,6 +22,7 @@ from tandem.broker.errors import (
     UnknownModel,
 )
 from tandem.broker.faults import Faults
+from tandem.broker.retry import DISCONNECTS
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
@@ -160,7 +161,7 @@ class Table:
                 replies = self.scripts.route(**call)
             except redis.ResponseError as e:
                 raise _partial(convert_error(e), out) from e
-            except redis.ConnectionError as e:
+            except DISCONNECTS as e:
                 raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
             out.extend(routed_reply(model, r) for r in replies)
         return out

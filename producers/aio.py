@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from celery import states
 
 from tandem.broker import keys, message
-from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import BadArgument, BadInput, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
 from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
@@ -128,7 +128,7 @@ class AsyncClient:
         Overloaded that refused it. Raises BadInput, UnknownModel or BrokerUnavailable
         (then nothing was enqueued)."""
         if not 0 <= priority <= 9:
-            raise BadInput(f"priority must be 0-9, got {priority}")
+            raise BadArgument(f"priority must be 0-9, got {priority}")
         expires = None
         if deadline_s is not None:
             expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)

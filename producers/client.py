@@ -15,7 +15,8 @@ from celery.result import AsyncResult, assert_will_not_block
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
-from tandem.broker.errors import BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import BadArgument, BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings, load_settings
 from tandem.broker.table import Table
 from tandem.producers.listener import ResultListener
@@ -207,12 +208,10 @@ class Client:
         """Revoke a task, as Celery's revoke does, and record it in Redis for every executor,
         including those started later. A task not yet computing is never computed; one
         computing finishes, but its result stays REVOKED."""
-        try:
+        with unavailable_as_tandem():
             self.table.revoke([task_id], self.settings.result_expires_s)
-        except redis.ConnectionError as e:
-            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
-        self.app.backend.mark_as_revoked(task_id, reason="revoked")
-        self.app.control.revoke(task_id)
+            self.app.backend.mark_as_revoked(task_id, reason="revoked")
+            self.app.control.revoke(task_id)
 
     def _sent(self, model: str, task_ids: list[str], expires: datetime | None) -> None:
         """Celery's task-sent events, when task_send_sent_event is on."""
@@ -266,7 +265,8 @@ class Client:
         cached = self._latest.get(name)
         if cached is not None and now - cached[1] < LATEST_TTL_S:
             return cached[0]
-        latest = self.table.latest(name)
+        with unavailable_as_tandem():
+            latest = self.table.latest(name)
         if latest is None:
             raise UnknownModel(f"no live executor serves any version of {name!r}")
         self._latest[name] = (latest, now)
@@ -282,7 +282,7 @@ class Client:
         binary: bool | None,
     ) -> tuple[str, str]:
         if not 0 <= priority <= 9:
-            raise ValueError(f"priority must be 0-9, got {priority}")
+            raise BadArgument(f"priority must be 0-9, got {priority}")
         task_id = task_id or self.listener.new_id()
         if binary is None:
             binary = _holds_tensors(inputs)

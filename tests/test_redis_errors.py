@@ -9,7 +9,7 @@ import redis
 
 from helpers import executors_of, wait_until
 from tandem.broker import keys
-from tandem.broker.errors import BrokerUnavailable
+from tandem.broker.errors import BadArgument, BrokerUnavailable, TandemError
 from tandem.producers.client import Client
 from tandem.server import free_port
 
@@ -84,3 +84,42 @@ def test_a_script_flush_is_survived_by_every_client(processes, r, settings):
         ]
     log = processes.log("w1")
     assert "NoScriptError" not in log and "Traceback" not in log
+
+
+def test_a_redis_that_does_not_answer_in_time_is_broker_unavailable_from_every_method(
+    processes, r, settings
+):
+    """redis-py's TimeoutError never reaches the caller: submit, submit_many, revoke and
+    resolving NAME:latest all raise BrokerUnavailable. CLIENT PAUSE holds the real Redis."""
+    processes.worker("w1")
+    slow = settings.replace(redis_url=settings.redis_url + "?socket_timeout=0.3")
+    with Client(settings=slow) as client:
+        done = client.submit("sim:1", [1])
+        assert done.get(timeout=10) == [1]
+        calls = {
+            "submit": lambda: client.submit("sim:1", [2]),
+            "submit_many": lambda: client.submit_many("sim:1", [[3], [4]]),
+            "revoke": lambda: client.revoke(done.id),
+            "resolve": lambda: client.resolve("tiny:latest"),
+        }
+        for name, call in calls.items():
+            r.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            try:
+                with pytest.raises(BrokerUnavailable, match="Timeout"):
+                    call()
+            except pytest.fail.Exception as e:
+                raise AssertionError(f"{name}: {e}") from None
+            finally:
+                r.execute_command("CLIENT", "UNPAUSE")
+
+
+def test_a_bad_argument_is_a_tandem_error_and_still_a_value_error(processes, settings):
+    processes.worker("w1")
+    with Client(settings=settings) as client:
+        for call in (
+            lambda: client.submit("sim:1", [1], priority=10),
+            lambda: client.submit("no-version", [1]),
+        ):
+            with pytest.raises(BadArgument) as info:
+                call()
+            assert isinstance(info.value, TandemError) and isinstance(info.value, ValueError)

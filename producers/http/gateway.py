@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from tandem.broker.errors import (
+    BadArgument,
     BadInput,
     BrokerUnavailable,
     DeadlineExceeded,
@@ -90,7 +91,7 @@ def http_error(e: Exception) -> HTTPError:
     """tandem's error as the HTTP answer a caller gets."""
     if isinstance(e, HTTPError):
         return e
-    if isinstance(e, BadInput):
+    if isinstance(e, (BadInput, BadArgument)):
         return HTTPError(400, str(e))
     if isinstance(e, UnknownModel):
         return HTTPError(404, str(e))
