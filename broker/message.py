@@ -140,7 +140,7 @@ def decode(raw: bytes, *, max_bytes: int) -> Task:
             body, headers = _proto1_to_proto2(body, headers)
             task.id = _task_id(headers.get("id"))
         if task.id is None:
-            raise BadInput(f"no usable task id in headers (got {_short(headers.get('id'))})")
+            raise BadInput(f"no usable task id in headers (got {short(headers.get('id'))})")
         _fill(task, body, headers)
     except BadInput as e:
         task.error = e
@@ -169,7 +169,7 @@ def _scan_id(raw: bytes) -> str | None:
     return _task_id(found.pop()) if len(found) == 1 else None
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
     """repr(value), cut to `limit` characters: hostile values stay short in errors."""
     return _clip(repr(value), limit)
 
@@ -198,7 +198,7 @@ def _body(task: Task, envelope: dict) -> Any:
     content_type = envelope.get("content-type")
     if content_type not in ACCEPTED:
         raise BadInput(
-            f"content type {_short(content_type)} refused; tandem accepts {' and '.join(ACCEPTED)}"
+            f"content type {short(content_type)} refused; tandem accepts {' and '.join(ACCEPTED)}"
         )
     properties = envelope.get("properties", {})
     if not isinstance(properties, dict):
@@ -235,7 +235,7 @@ def _proto1_to_proto2(body: dict, headers: dict) -> tuple[list, dict]:
 
 def _fill(task: Task, triple: Any, headers: dict) -> None:
     if headers.get("task") != TASK_NAME:
-        raise BadInput(f"unknown task name {_short(headers.get('task'))}; tandem runs {TASK_NAME}")
+        raise BadInput(f"unknown task name {short(headers.get('task'))}; tandem runs {TASK_NAME}")
     if not (isinstance(triple, (list, tuple)) and len(triple) == 3):
         raise BadInput("malformed body: expected [args, kwargs, embed]")
     args, kwargs, embed = triple
@@ -267,7 +267,7 @@ def _canvas(embed: Any, headers: dict) -> dict | None:
         canvas["chord"] = embed["chord"]
     if headers.get("group") is not None:
         if not isinstance(headers["group"], str):
-            raise BadInput(f"malformed group header {_short(headers['group'])}")
+            raise BadInput(f"malformed group header {short(headers['group'])}")
         canvas["group"] = headers["group"]
         index = headers.get("group_index")
         canvas["group_index"] = index if isinstance(index, int) else None
@@ -297,7 +297,7 @@ def _bind(args: Any, kwargs: Any) -> tuple[str, Any]:
     if missing:
         raise BadInput(f"{TASK_NAME} is missing {' and '.join(missing)}")
     if not isinstance(bound["model"], str):
-        raise BadInput(f"model must be a string, got {_short(bound['model'])}")
+        raise BadInput(f"model must be a string, got {short(bound['model'])}")
     return bound["model"], bound["inputs"]
 
 
@@ -336,9 +336,9 @@ def _parse_expires(value: Any) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise BadInput(f"malformed expires header {_short(value)}")
+        raise BadInput(f"malformed expires header {short(value)}")
     try:
         when = datetime.fromisoformat(value)
     except ValueError as e:
-        raise BadInput(f"malformed expires header {_short(value)}") from e
+        raise BadInput(f"malformed expires header {short(value)}") from e
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

@@ -88,13 +88,15 @@ class Settings:
     repository: str = ""
     #: Torch device: auto, cpu or cuda:N. A repository model's config may name its own.
     device: str = "auto"
-    #: Celery worker node name; defaults to tandem@<host>.
+    #: Celery worker node name; by default MODEL-PID@<host> (sim.1-4242@gpu0), distinct for
+    #: every worker on a host (workers/bootstep.py default_node_name).
     hostname: str = ""
     loglevel: str = "INFO"
 
     def __post_init__(self) -> None:
-        for problem in self.problems():
-            raise BadSetting(problem)
+        problems = self.problems()
+        if problems:
+            raise BadSetting("; ".join(problems))
 
     def problems(self) -> list[str]:
         """Every setting out of range, one line each."""
@@ -171,6 +173,7 @@ def load_settings(
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    problems: list[str] = []
     joins_stack = stack_file is not None and flags.get("redis_url") is None
     if joins_stack and "TANDEM_REDIS_URL" not in env and (url := stack_url(stack_file)):
         values["redis_url"] = url
@@ -184,7 +187,13 @@ def load_settings(
             try:
                 values[field.name] = _convert(raw, field.default)
             except ValueError as e:
-                raise BadSetting(f"TANDEM_{field.name.upper()}={raw!r}: {e}") from e
+                problems.append(f"TANDEM_{field.name.upper()}={raw!r}: {e}")
     if flags:
         raise TypeError(f"unknown settings: {', '.join(sorted(flags))}")
-    return Settings(**values)
+    try:  # every problem at once: those of the values that converted, after those that did not
+        settings = Settings(**values)
+    except BadSetting as e:
+        problems.append(str(e))
+    if problems:
+        raise BadSetting("; ".join(problems))
+    return settings

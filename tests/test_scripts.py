@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from tandem.broker import deadletter, keys, message, results
+from tandem.broker import deadletter, keys, message, results, scripts
 from tandem.broker.errors import ExecutorGone, QueueFull, UnknownModel
 from tandem.broker.settings import Settings
 from tandem.broker.state import State
@@ -467,3 +468,10 @@ def test_bury_keeps_a_success_and_buries_once(table, r):
     assert not table.bury(raw, record, task_id, '{"status": "FAILURE"}')
     assert json.loads(r.get(keys.result(task_id)))["status"] == "SUCCESS"
     assert deadletter.count(r) == 1
+
+
+def test_the_lua_and_python_ready_idle_agree():
+    """READY_IDLE is written in _lib.lua and in broker/keys.py: one value."""
+    lua = scripts.source("route")
+    (value,) = re.findall(r"^local READY_IDLE = (\d+)", lua, flags=re.M)
+    assert int(value) == keys.READY_IDLE

@@ -52,6 +52,16 @@ def test_settings_out_of_range_are_refused_with_one_line(flags, message):
         load_settings(env={}, **flags)
 
 
+def test_every_problem_is_named_at_once():
+    with pytest.raises(BadSetting) as info:
+        load_settings(
+            env={"TANDEM_MAX_BATCH": "many", "TANDEM_POLL_MS": "0"}, max_queue=-1, slo_ms=-2
+        )
+    text = str(info.value)
+    for named in ("TANDEM_MAX_BATCH='many'", "poll_ms must be", "max_queue must be", "slo_ms"):
+        assert named in text
+
+
 def test_env_values_out_of_range_are_refused_too():
     with pytest.raises(BadSetting, match="max_batch must be"):
         load_settings(env={"TANDEM_MAX_BATCH": "-3"})

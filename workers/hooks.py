@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 from tandem.broker import metrics
 from tandem.broker.errors import DeadlineExceeded, ModelError, Revoked
-from tandem.broker.message import TASK_NAME
+from tandem.broker.message import TASK_NAME, short
 from tandem.workers.computed import Computed
 
 
-class Executor(Protocol):
-    """What a hook reads of the executor it hangs off."""
+class HasId(Protocol):
+    """What a hook reads of the executor it hangs off (workers/executor.py's Executor)."""
 
     id: str
 
@@ -27,14 +27,14 @@ log = logging.getLogger("tandem.executor")
 
 
 class Hook:
-    def counters(self, executor: Executor, done: Computed) -> Counter:
+    def counters(self, executor: HasId, done: Computed) -> Counter:
         """Metrics counters to add to the model's hash with the batch's results."""
         return Counter()
 
-    def batch_done(self, executor: Executor, done: Computed) -> None:
+    def batch_done(self, executor: HasId, done: Computed) -> None:
         """A batch's results are stored."""
 
-    def state_changed(self, executor: Executor, state: str) -> None:
+    def state_changed(self, executor: HasId, state: str) -> None:
         """The executor moved to `state`."""
 
 
@@ -43,7 +43,7 @@ class Logs(Hook):
     Tasks shed for their deadlines (many at a time under overload) make one line per
     batch, and one per task at DEBUG."""
 
-    def batch_done(self, executor: Executor, done: Computed) -> None:
+    def batch_done(self, executor: HasId, done: Computed) -> None:
         shed = [task for task in done.tasks if isinstance(task.error, DeadlineExceeded)]
         if shed:
             log.warning(
@@ -72,7 +72,7 @@ class Logs(Hook):
             done.compute_ms,
         )
 
-    def state_changed(self, executor: Executor, state: str) -> None:
+    def state_changed(self, executor: HasId, state: str) -> None:
         log.debug("state executor=%s state=%s", executor.id, state)
 
 
@@ -80,7 +80,7 @@ class Metrics(Hook):
     """Counters and histograms of each batch, for the model's metrics hash. done.stored_at
     is when the store was sent, so latency ends there."""
 
-    def counters(self, executor: Executor, done: Computed) -> Counter:
+    def counters(self, executor: HasId, done: Computed) -> Counter:
         counts: Counter = Counter()
         if done.outputs:
             metrics.observe(counts, "batch_size", len(done.outputs))
@@ -112,7 +112,7 @@ class CeleryEvents(Hook):
         self.hostname = hostname
         self._dispatcher = None
 
-    def batch_done(self, executor: Executor, done: Computed) -> None:
+    def batch_done(self, executor: HasId, done: Computed) -> None:
         if self._dispatcher is None:  # created on the returner thread that uses it
             self._dispatcher = self.app.events.Dispatcher(
                 self.app.connection_for_write(),
@@ -150,7 +150,7 @@ class CeleryEvents(Hook):
                 send(
                     "task-succeeded",
                     uuid=task.id,
-                    result=_short(done.outputs[n]),
+                    result=short(done.outputs[n], 200),
                     runtime=runtime,
                     timestamp=done.stored_at,
                 )
@@ -163,8 +163,3 @@ class CeleryEvents(Hook):
                     traceback=None,
                 )
         self._dispatcher.flush()
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
