@@ -23,6 +23,21 @@ class State(StrEnum):
     STOPPING = "STOPPING"  # finishing the batch in hand; L2 closed
 
 
+#: What the changes stream records when an executor leaves the table (reclaim.lua).
+GONE = "GONE"
+#: Every state change an executor may make, as the scripts and the executor write them
+#: to the changes stream: from -> the states it may go to. An executor registers WORKING;
+#: the coordinator may reclaim it from any state (GONE), and one still alive registers
+#: again. tests/test_scripts.py checks the stream of a run against this table.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    State.IDLE: frozenset({State.WAITING, State.WORKING, State.STOPPING, GONE}),
+    State.WAITING: frozenset({State.WORKING, State.STOPPING, GONE}),
+    State.WORKING: frozenset({State.IDLE, State.STOPPING, GONE}),
+    State.STOPPING: frozenset({GONE}),
+    GONE: frozenset({State.WORKING}),
+}
+
+
 @dataclass(frozen=True)
 class ExecutorInfo:
     """One row of the executor table, with its queue depths."""

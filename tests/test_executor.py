@@ -7,11 +7,12 @@ import pytest
 from helpers import wait_until
 from tandem.broker import keys
 from tandem.broker.errors import BadInput, ModelError
-from tandem.broker.state import State
+from tandem.broker.state import TRANSITIONS, State
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.models.sim import SimModel
 
 MODEL = "poison:1"
 
@@ -84,3 +85,44 @@ def test_a_validator_bug_fails_the_task_not_the_executor(running):
         wrong.get(timeout=10)
     assert fine.get(timeout=10) == 2
     assert executor.alive
+
+
+def test_every_state_change_in_the_stream_is_one_the_transition_table_allows(settings, r):
+    """Executors with and without a batch window, through low load, a burst, a reclaim
+    while alive (it registers again) and a stop: each consecutive pair of states an
+    executor wrote to the changes stream is in broker/state.py's TRANSITIONS."""
+    executors = [
+        Executor(model, SimModel(5, 0), table=Table(r), settings=settings.replace(**extra),
+                 worker="t")
+        for model, extra in (("sim:1", {}), ("sim:2", {"max_wait_ms": 20.0}))
+    ]  # fmt: skip
+    for executor in executors:
+        executor.start()
+    heartbeat = Heartbeat(Table(r), executors, interval_s=0.1, ttl_s=2).start()
+    try:
+        with Client(settings=settings) as client:
+            for executor in executors:
+                model = executor.model_ref
+                wait_until(lambda e=executor: e.state == State.IDLE, 10, "IDLE")
+                assert client.submit(model, [0]).get(timeout=10) == [0]
+                burst = client.submit_many(model, [[n] for n in range(40)])
+                assert [x.get(timeout=10) for x in burst] == [[n] for n in range(40)]
+                Table(r).reclaim(executor.id, model, force=True)
+                wait_until(lambda e=executor: r.exists(keys.executor(e.id)), 10, "register")
+                assert client.submit(model, [1]).get(timeout=10) == [1]
+    finally:
+        heartbeat.stop()
+        for executor in executors:
+            executor.stop()
+    changes: dict[str, list[str]] = {}
+    for _, fields in r.xrange(keys.STATE_STREAM):
+        changes.setdefault(fields[b"executor"].decode(), []).append(fields[b"state"].decode())
+    seen = set()
+    for states in changes.values():
+        assert states[0] == State.WORKING  # registered
+        seen |= set(zip(states, states[1:], strict=False))
+    allowed = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert seen <= allowed, f"not in TRANSITIONS: {sorted(seen - allowed)}"
+    for needed in [("IDLE", "WAITING"), ("WAITING", "WORKING"), ("IDLE", "WORKING"),
+                   ("WORKING", "IDLE"), ("GONE", "WORKING")]:  # fmt: skip
+        assert needed in seen

@@ -32,7 +32,7 @@ from tandem.broker.errors import ExecutorCrashed, ExecutorGone, ModelError
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import State
+from tandem.broker.state import State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
@@ -48,6 +48,13 @@ log = logging.getLogger("tandem.executor")
 #: A forward pass predicted shorter than this (ms) runs on the executor thread: handing
 #: it to the device thread, and claiming the next batch meanwhile, would cost more.
 INLINE_COMPUTE_MS = 1.0
+
+
+class Stuck(StrEnum):
+    """Why an executor's heartbeat stops (Executor.stuck)."""
+
+    HUNG = "hung"  # a compute ran past compute_timeout_s: the worker exits (code 70)
+    STALLED = "stalled"  # another step did: the coordinator reclaims its tasks
 
 
 class Executor:
@@ -124,17 +131,17 @@ class Executor:
         """False once the executor thread has ended or given up; its heartbeat then stops."""
         return self._thread.is_alive() and not self.gave_up
 
-    def stuck(self, now: float) -> str | None:
-        """ "hung" if a compute has run past compute_timeout_s, "stalled" if any other step
-        has, else None. `now` is time.monotonic()."""
+    def stuck(self, now: float) -> Stuck | None:
+        """HUNG if a compute has run past compute_timeout_s, STALLED if any other step has,
+        else None. `now` is time.monotonic()."""
         timeout = self.settings.compute_timeout_s
         if not timeout:
             return None
         computing = self._computing
         if computing is not None and now - computing[2] > timeout:
-            return "hung"
+            return Stuck.HUNG
         if now - self._ticked > timeout:
-            return "stalled"
+            return Stuck.STALLED
         return None
 
     def computing(self) -> list[tuple[message.Task, float]]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from tandem.broker.retry import Backoff, retry
 from tandem.broker.table import Table
-from tandem.workers.executor import Executor
+from tandem.workers.executor import Executor, Stuck
 
 log = logging.getLogger("tandem.heartbeat")
 
@@ -60,7 +60,7 @@ class Heartbeat:
         live = []
         for executor in self.executors:
             stuck = executor.stuck(now)
-            if stuck == "hung" and self.on_hung is not None:
+            if stuck is Stuck.HUNG and self.on_hung is not None:
                 self.on_hung(executor)
             if stuck and executor.id not in self._stalled:
                 log.error(
