@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -36,6 +37,43 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     State.STOPPING: frozenset({GONE}),
     GONE: frozenset({State.WORKING}),
 }
+
+
+@dataclass(eq=False)
+class Batch(Sequence):
+    """Messages an executor holds in its in-flight list, to compute together. A sequence
+    of the raw messages (so `len`, `in`, indexing and comparing with a list work), with
+    what the executor needs to know about them declared:
+
+    - `redelivered`: it is one task from the retry list, taken alone, which may be what
+      killed an executor before (the executor computes it with nothing else in flight);
+    - `tasks`: the decoded, checked tasks, when it was prepared while the previous batch
+      computed (the pipeline); None when it still has to be prepared."""
+
+    raw: list[bytes] = field(default_factory=list)
+    redelivered: bool = False
+    tasks: list | None = None
+
+    def __getitem__(self, index):
+        return self.raw[index]
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Batch):
+            return self.raw == other.raw and self.redelivered == other.redelivered
+        return isinstance(other, list) and self.raw == other
+
+    def __add__(self, more: Sequence[bytes]) -> Batch:
+        """These messages and then more, as one batch (redelivered only if both are)."""
+        both = getattr(more, "redelivered", False) and self.redelivered
+        return Batch([*self.raw, *more], redelivered=both)
+
+    @classmethod
+    def claimed(cls, reply: list) -> Batch:
+        """A claim script's reply: [redelivered flag, message, ...] (_lib.lua claimed)."""
+        return cls(list(reply[1:]), redelivered=bool(reply[0]))
 
 
 @dataclass(frozen=True)

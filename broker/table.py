@@ -26,21 +26,7 @@ from tandem.broker.retry import DISCONNECTS
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import ExecutorInfo, ModelSpeed, Speed, State
-
-
-class Claimed(list):
-    """Messages a claim moved into in-flight. `redelivered`: it is one task from the retry
-    list, taken alone, which may be what killed an executor before."""
-
-    redelivered = False
-
-
-def _claimed(reply: list) -> Claimed:
-    out = Claimed(reply[1:])
-    out.redelivered = bool(reply[0])
-    return out
-
+from tandem.broker.state import Batch, ExecutorInfo, ModelSpeed, Speed, State
 
 #: Messages per route script call: a burst is routed in calls of this many, so that
 #: no single call holds Redis for long.
@@ -256,7 +242,7 @@ class Table:
         )
         return [executor_ids[i - 1] for i in missing]
 
-    def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> Claimed:
+    def begin(self, executor_id: str, model: str, *, room: int, taken: int) -> Batch:
         """Start a batch: take all of L2 and top up (an empty batch takes one retry task
         alone); go WORKING if anything is held."""
         script_keys = [
@@ -266,9 +252,9 @@ class Table:
             keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
-        return _claimed(self._call("begin", script_keys, [executor_id, room, taken]))
+        return Batch.claimed(self._call("begin", script_keys, [executor_id, room, taken]))
 
-    def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> Claimed:
+    def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> Batch:
         """Claim into in-flight: one retry task if `alone` (the batch is empty) and there is
         one, else up to n tasks from L1, oldest and highest priority first."""
         script_keys = [
@@ -276,9 +262,9 @@ class Table:
             keys.inflight(executor_id),
             *keys.claim_keys(model),
         ]
-        return _claimed(self._call("claim", script_keys, [n, "1" if alone else "0"]))
+        return Batch.claimed(self._call("claim", script_keys, [n, "1" if alone else "0"]))
 
-    def claim_or_idle(self, executor_id: str, model: str, max_batch: int) -> Claimed | None:
+    def claim_or_idle(self, executor_id: str, model: str, max_batch: int) -> Batch | None:
         """After a compute, one round trip: the next batch (one redelivered task alone, or
         up to max_batch from L1), or None when there was none and the executor went IDLE
         (or is STOPPING) in the same atomic step."""
@@ -289,7 +275,7 @@ class Table:
             *keys.claim_keys(model),
         ]
         reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
-        return None if reply[0] == 2 else _claimed(reply)
+        return None if reply[0] == 2 else Batch.claimed(reply)
 
     def unclaim(self, executor_id: str, model: str, raws: Sequence[bytes]) -> int:
         """Hand claimed, unstarted tasks back to the head of L1, in the order given."""

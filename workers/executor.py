@@ -32,14 +32,14 @@ from tandem.broker.errors import ExecutorCrashed, ExecutorGone, ModelError
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
-from tandem.broker.state import State, StrEnum
+from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
 from tandem.workers.device import forward
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
-from tandem.workers.models import Model, batching, describe
+from tandem.workers.models import Model, describe, options
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
 
@@ -72,9 +72,10 @@ class Executor:
     ) -> None:
         self.model_ref = model_ref
         self.model = model
-        self.max_batch, self.max_wait_ms = batching(model, settings)
+        self.options = options(model, settings)
+        self.max_batch, self.max_wait_ms = self.options.max_batch, self.options.max_wait_ms
         #: A task without its own deadline must be answered within this of its submit.
-        self.slo_ms = getattr(model, "slo_ms", 0) or settings.slo_ms
+        self.slo_ms = self.options.slo_ms
         #: Its compute, gap and return times, learned from its own batches.
         self.latency = LatencyModel()
         self.table = table
@@ -214,7 +215,7 @@ class Executor:
             ttl_ms=int(s.heartbeat_ttl_s * 1000),
             max_wait_ms=self.max_wait_ms,
             pid=os.getpid(),
-            max_queue=getattr(self.model, "max_queue", 0) or s.max_queue,
+            max_queue=self.options.max_queue,
             slo_ms=self.slo_ms,
         )
         self.table.publish_spec(self.model_ref, describe(self.model, self.max_batch))
@@ -223,7 +224,7 @@ class Executor:
     # The executor thread: IDLE waits on L2, WORKING claims or computes the batch in hand.
 
     def _run(self) -> None:
-        batch: list[bytes] = []
+        batch = Batch()
         while not self._stop.is_set() or batch:
             self.tick()
             try:
@@ -240,7 +241,7 @@ class Executor:
                 log.warning(
                     "executor %s was reclaimed (missed heartbeats); registering again", self.id
                 )
-                batch = []
+                batch = Batch()
                 self._retry(self._register)
             except redis.RedisError as e:
                 log.error(
@@ -249,10 +250,10 @@ class Executor:
                     type(e).__name__,
                     e,
                 )
-                batch = []
+                batch = Batch()
                 self._retry(self._resync)
             except Exception as e:  # noqa: BLE001 - a bug or a failed returner: restart in place
-                batch = []
+                batch = Batch()
                 if not self._restart(e):
                     return
 
@@ -332,24 +333,24 @@ class Executor:
                 except Exception:  # noqa: BLE001 - a hook never stops the executor
                     log.exception("hook %s failed", type(hook).__name__)
 
-    def _claim_or_idle(self) -> list[bytes]:
+    def _claim_or_idle(self) -> Batch:
         """After a compute: claim a batch (one redelivered task alone, or up to max_batch
         from L1), or go IDLE if there is no work; one round trip either way."""
         batch = self.table.claim_or_idle(self.id, self.model_ref, self.max_batch)
         if batch is None:
             self._enter(State.IDLE)
-            return []
+            return Batch()
         return batch
 
-    def _wait_for_batch(self) -> list[bytes]:
+    def _wait_for_batch(self) -> Batch:
         """IDLE: block on L2; the first task opens the batch window (WAITING), which lets
         L2 fill until it closes or route.lua says the batch is full. Tasks stay in L2
         meanwhile, which is as durable as in-flight; begin() takes them."""
         first = self.table.wait_l2(self.id, self.settings.poll_ms / 1000)
         if first is None:
             # Nothing routed; plain Celery publishers may have left work in L1.
-            return self._begin([])
-        taken = [first]
+            return self._begin(Batch())
+        taken = Batch([first])
         if self.max_wait_ms <= 0:
             # The route script already made this executor WORKING.
             self._enter(State.WORKING)
@@ -362,16 +363,16 @@ class Executor:
                 self.table.wait_full(self._full, self.max_wait_ms / 1000)
         return self._begin(taken)
 
-    def _begin(self, taken: list[bytes]) -> list[bytes]:
+    def _begin(self, taken: Batch) -> Batch:
         more = self.table.begin(
             self.id, self.model_ref, room=self.max_batch - len(taken), taken=len(taken)
         )
-        batch = taken + more if taken else more  # keeps `more.redelivered`
+        batch = taken + more if taken else more  # a retry task comes alone, as `more`
         if batch:
             self._enter(State.WORKING)
         return batch
 
-    def _compute(self, batch: list[bytes], *, woke: bool = False) -> list[bytes]:
+    def _compute(self, batch: Batch, *, woke: bool = False) -> Batch:
         """Prepare a batch (decode, check, validate), top it up, and compute it on the
         device thread. Meanwhile, with the pipeline on, claim the next batch from L1 and
         prepare it (the pair of second-level sets). Returns that next batch, or [].
@@ -383,14 +384,14 @@ class Executor:
         claimed_at = time.time()
         tasks = self._prepare.batch(batch, revocations=self.revocations)
         ready = [n for n, task in enumerate(tasks) if task.error is None]
-        suspect = bool(ready) and getattr(batch, "redelivered", False)
+        suspect = bool(ready) and batch.redelivered
         if suspect and self._returner.alive:
             # A suspect computes with nothing else in in-flight: if it kills the process,
             # the previous batch, stored by now, is not blamed with it.
             self._returner.drain()
         outputs: dict[int, Any] = {}
         started_at = time.time()
-        following: list[bytes] = []
+        following = Batch()
         compute_ms, device_ms = 0.0, None
         failed: Exception | None = None  # the early claim's error
         if ready:
@@ -429,7 +430,7 @@ class Executor:
             raise failed
         return following
 
-    def _claim_early(self, started_at: float, n: int) -> tuple[list[bytes], Exception | None]:
+    def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
         """While a batch of n computes: claim and prepare the next, planned from when this
         one should end. An error is returned, to be raised once this batch is handed over."""
         ends = self.latency.compute_ms(n) + self.latency.gap_ms
@@ -438,5 +439,5 @@ class Executor:
                 revocations=self.revocations, start_s=started_at + ends / 1000
             )
         except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
-            return [], e
+            return Batch(), e
         return early, None

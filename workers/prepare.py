@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from tandem.broker import message
 from tandem.broker.errors import BadInput, DeadlineExceeded, Revoked, TandemError, UnknownModel
+from tandem.broker.state import Batch
 from tandem.broker.table import Table
 from tandem.workers.deadlines import plan
 from tandem.workers.latency import LatencyModel
@@ -25,14 +26,6 @@ from tandem.workers.models import Model
 #: HELD_PER_SLOT x max_batch tasks, or HELD_MIN if that is more.
 HELD_PER_SLOT = 8
 HELD_MIN = 256
-
-
-class Early(list):
-    """Messages claimed while the previous batch computed, with their prepared tasks."""
-
-    def __init__(self, raw: list[bytes], tasks: list[message.Task]) -> None:
-        super().__init__(raw)
-        self.tasks = tasks
 
 
 class Preparer:
@@ -61,25 +54,25 @@ class Preparer:
         #: The most tasks one batch gathers while it refills the slots of failed ones.
         self.held_max = max(HELD_PER_SLOT * max_batch, HELD_MIN)
 
-    def batch(self, batch: list[bytes], *, revocations: bool) -> list[message.Task]:
+    def batch(self, batch: Batch, *, revocations: bool) -> list[message.Task]:
         """The tasks of the batch in hand, prepared (or, if prepared early, checked
         again), planned against their deadlines and topped up from L1."""
-        if isinstance(batch, Early):
+        if batch.tasks is not None:
             tasks = self.recheck(batch.tasks, revocations=revocations)
             return self._fill(tasks, refill=True, start_s=0.0, revocations=revocations)
         tasks = self.prepare(batch, revocations=revocations)
         return self._fill(tasks, refill=False, start_s=0.0, revocations=revocations)
 
-    def early(self, *, revocations: bool, start_s: float = 0.0) -> list[bytes]:
+    def early(self, *, revocations: bool, start_s: float = 0.0) -> Batch:
         """While a batch computes: claim up to max_batch from L1 (never a retry task, which
         computes alone) and prepare it, planned to start at start_s (epoch s, when the
         compute in hand should end). The executor stays WORKING."""
         claimed = self.table.claim(self.executor_id, self.model_ref, self.max_batch)
         if not claimed:
-            return []
+            return Batch()
         tasks = self.prepare(claimed, revocations=revocations)
         tasks = self._fill(tasks, refill=False, start_s=start_s, revocations=revocations)
-        return Early([task.raw for task in tasks], tasks)
+        return Batch([task.raw for task in tasks], tasks=tasks)
 
     def prepare(self, raws: list[bytes], *, revocations: bool) -> list[message.Task]:
         """Decode and check each message (its model, its deadline; its inputs are

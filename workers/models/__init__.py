@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.broker.errors import UnknownModel
@@ -10,7 +11,13 @@ from tandem.broker.settings import Settings
 
 
 class Model(Protocol):
-    """What an executor needs from a model."""
+    """What an executor needs from a model: validate and run.
+
+    A model may also carry, as attributes, what it knows better than the worker's
+    settings (repository models take them from their config.json); options() reads them:
+    `max_batch_size`, `max_wait_ms`, `max_queue`, `slo_ms`. After each run it may set
+    `last_device_ms`, its GPU time (the executor reports it). Its tensors, for gateways,
+    are its `config` (a repository model) or its class's `SIGNATURE` (describe())."""
 
     def validate(self, inputs: Any) -> Any:
         """Check one task's inputs; return them ready to batch, or raise BadInput."""
@@ -19,14 +26,29 @@ class Model(Protocol):
         """Compute a batch in one pass; return one JSON-ready output per input, in order."""
 
 
-#: A model may carry its own batching (repository models do); else the worker's settings apply.
-def batching(model: Model, settings: Settings) -> tuple[int, float]:
-    """(max_batch, max_wait_ms) for an executor of this model. Raises BadSetting if out
-    of range (a repository config may set its own)."""
+@dataclass(frozen=True)
+class Options:
+    """An executor's batching and admission for its model: the model's own, else the
+    worker's settings."""
+
+    max_batch: int
+    max_wait_ms: float
+    max_queue: int
+    slo_ms: float
+
+
+def options(model: Model, settings: Settings) -> Options:
+    """The model's optional attributes (see Model) over the worker's settings. Raises
+    BadSetting if out of range (a repository config may set its own)."""
     max_batch = getattr(model, "max_batch_size", None) or settings.max_batch
     max_wait_ms = getattr(model, "max_wait_ms", settings.max_wait_ms)
     settings.replace(max_batch=max_batch, max_wait_ms=max_wait_ms)  # validates both
-    return max_batch, max_wait_ms
+    return Options(
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        max_queue=getattr(model, "max_queue", 0) or settings.max_queue,
+        slo_ms=getattr(model, "slo_ms", 0) or settings.slo_ms,
+    )
 
 
 def describe(model: Model, max_batch: int) -> dict[str, Any]:
