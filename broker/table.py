@@ -98,14 +98,17 @@ class Table:
     """The executor table and the scripts that change it, bound to one Redis client.
 
     `settings` gives the delivery limit and the result and dead-letter lifetimes.
-    Each executor step passes a named fault point (broker/faults.py) for tests.
+    Each executor step passes a named fault point (broker/faults.py): `faults`, given by
+    the process that runs executors (for tests), else none.
     """
 
-    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, settings: Settings | None = None, faults: Faults | None = None
+    ) -> None:
         self.redis = client
         self.settings = settings or Settings()
         self.scripts = Scripts(client)
-        self.faults = Faults.from_env()
+        self.faults = faults if faults is not None else Faults()
 
     def _step(self, name: str, call):
         self.faults.at(name, "before")

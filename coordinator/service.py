@@ -19,6 +19,7 @@ import redis
 
 from tandem.broker import deadletter, keys, message, results
 from tandem.broker.errors import PoisonMessage
+from tandem.broker.faults import Faults
 from tandem.broker.retry import Backoff, retry
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
@@ -35,7 +36,7 @@ class Coordinator:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
         self.redis = client or redis.Redis.from_url(settings.redis_url, health_check_interval=10)
-        self.table = Table(self.redis, settings)
+        self.table = Table(self.redis, settings, faults=Faults.from_env())
         self.reclaimed = 0
         self.relayed = 0
         self.buried = 0

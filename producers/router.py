@@ -11,7 +11,6 @@ with TANDEM_REDIS_MAP="resnet18=redis://a:6379/0,minilm:1=redis://b:6379/0".
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,7 +49,7 @@ class Router:
 
     def __init__(self, redis_for: Mapping[str, str] | None = None, default: str | None = None):
         self.redis_for = (
-            dict(redis_for) if redis_for is not None else parse_map(os.environ.get(ENV, ""))
+            dict(redis_for) if redis_for is not None else parse_map(load_settings().redis_map)
         )
         for model in self.redis_for:
             if not _is_model_key(model):

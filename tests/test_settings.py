@@ -74,3 +74,27 @@ def test_a_worker_with_a_bad_setting_exits_with_one_line(settings):
     assert done.returncode == 1
     assert "error: BadSetting: max_batch must be a finite number >= 1, got 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_redis_map_and_server_are_settings_like_the_rest(monkeypatch):
+    """TANDEM_REDIS_MAP and TANDEM_REDIS_SERVER are read where every setting is."""
+    from tandem.producers.router import Router
+    from tandem.server import redis_binary
+
+    monkeypatch.setenv("TANDEM_REDIS_MAP", "sim=redis://a:1/0")
+    monkeypatch.setenv("TANDEM_REDIS_SERVER", "/opt/redis/bin/redis-server")
+    assert load_settings().redis_map == "sim=redis://a:1/0"
+    assert Router().redis_for == {"sim": "redis://a:1/0"}
+    assert redis_binary() == "/opt/redis/bin/redis-server"
+
+
+def test_the_help_texts_state_the_defaults_settings_have():
+    from click.testing import CliRunner
+
+    from tandem.cli import main
+
+    defaults = Settings()
+    worker = CliRunner().invoke(main, ["worker", "--help"]).output
+    assert f"Largest batch (default {defaults.max_batch})" in worker
+    coordinator = " ".join(CliRunner().invoke(main, ["coordinator", "--help"]).output.split())
+    assert f"(default {defaults.max_deliveries})" in coordinator

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from tandem.broker.faults import Faults
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
@@ -56,7 +57,7 @@ class Executors(bootsteps.StartStopStep):
             health_check_interval=10,
             max_connections=CONNECTIONS_PER_EXECUTOR * len(served) + 16,
         )
-        table = Table(client, settings)
+        table = Table(client, settings, faults=Faults.from_env())
         hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
         canvas = Canvas(worker.app, worker.hostname)
         for ref, model in served:
