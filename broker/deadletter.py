@@ -145,7 +145,5 @@ def requeue(table, letter: DeadLetter) -> str:
         keys.parse_model(letter.model)
     except ValueError as e:
         raise TandemError(str(e)) from e
-    table.redis.delete(keys.deliveries(letter.raw))
-    chosen = table.route(letter.model, letter.raw)
-    table.redis.lrem(keys.DEAD, 1, letter.stored)
+    chosen = table.requeue(letter.model, letter.raw, letter.stored)
     return f"L2 of {chosen}" if chosen else f"L1 of {letter.model}"

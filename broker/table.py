@@ -19,6 +19,7 @@ from tandem.broker.errors import (
     ExecutorGone,
     Overloaded,
     QueueFull,
+    TandemError,
     UnknownModel,
 )
 from tandem.broker.faults import Faults
@@ -176,6 +177,26 @@ class Table:
         # counts them from its own clock, so hosts need not agree on the time.
         left_ms = -1 if deadline is None else max(0.0, (deadline - time.time()) * 1000)
         return {"keys": script_keys, "args": [*head[:6], left_ms, head[6], *messages]}
+
+    def requeue(self, model: str, message: bytes, stored: bytes) -> str | None:
+        """Route a dead letter's message again with a fresh delivery count and drop the
+        letter, in one atomic step (requeue.lua). Returns the executor id, or None for L1.
+        Raises UnknownModel, QueueFull or Overloaded (the letter stays), TandemError if
+        the letter is gone, or BrokerUnavailable."""
+        call = self.route_call(model, [message], 0, None)
+        script_keys = [keys.DEAD, keys.deliveries(message), *call["keys"]]
+        try:
+            (reply,) = self.scripts.requeue(keys=script_keys, args=[stored, *call["args"]])
+        except redis.ResponseError as e:
+            if str(e).startswith("NO_LETTER"):
+                raise TandemError(str(e).removeprefix("NO_LETTER ")) from None
+            raise convert_error(e) from e
+        except DISCONNECTS as e:
+            raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
+        routed = routed_reply(model, reply)
+        if isinstance(routed, Exception):
+            raise routed
+        return routed
 
     def feed(self, model: str) -> int:
         """Hand tasks waiting in the model's L1 to its ready executors, as the route would

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tandem.broker import deadletter, keys, message, results, scripts
-from tandem.broker.errors import ExecutorGone, QueueFull, UnknownModel
+from tandem.broker.errors import ExecutorGone, QueueFull, TandemError, UnknownModel
 from tandem.broker.settings import Settings
 from tandem.broker.state import State
 from tandem.broker.table import Table
@@ -475,3 +475,41 @@ def test_the_lua_and_python_ready_idle_agree():
     lua = scripts.source("route")
     (value,) = re.findall(r"^local READY_IDLE = (\d+)", lua, flags=re.M)
     assert int(value) == keys.READY_IDLE
+
+
+def dead_letter(r, n: int) -> deadletter.DeadLetter:
+    """A requeueable dead letter of MODEL at the head of the list, with a delivery count."""
+    task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL))
+    record = deadletter.record(envelope.encode(), "PoisonMessage: test", task_id=task_id)
+    r.lpush(keys.DEAD, record.replace('"model": null', f'"model": "{MODEL}"'))
+    r.set(keys.deliveries(envelope.encode()), 3)
+    (letter,) = deadletter.read(r, 1)
+    return letter
+
+
+def test_a_requeue_routes_drops_the_letter_and_its_count_in_one_step(table, r):
+    table.register("a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1)
+    letter = dead_letter(r, 1)
+    assert deadletter.requeue(table, letter) == f"L1 of {MODEL}"  # "a" is WORKING
+    assert deadletter.count(r) == 0 and not r.exists(keys.deliveries(letter.raw))
+    assert table.l1_depth(MODEL) == 1
+    with pytest.raises(TandemError, match="gone"):  # a second requeue finds no letter
+        deadletter.requeue(table, letter)
+    assert table.l1_depth(MODEL) == 1
+
+
+def test_a_refused_requeue_keeps_the_letter(table, r):
+    table.register(
+        "a", MODEL, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=0, pid=1, max_queue=1
+    )
+    table.route(MODEL, "ahead")  # L1 holds its bound now
+    letter = dead_letter(r, 2)
+    with pytest.raises(QueueFull):
+        deadletter.requeue(table, letter)
+    assert deadletter.count(r) == 1 and r.exists(keys.deliveries(letter.raw))
+    assert table.l1_depth(MODEL) == 1
+    r.srem(keys.MODELS, MODEL)
+    r.delete(keys.executor("a"), keys.ready(MODEL))
+    with pytest.raises(UnknownModel):
+        deadletter.requeue(table, letter)
+    assert deadletter.count(r) == 1

@@ -8,6 +8,7 @@ import redis
 
 NAMES = (
     "route",
+    "requeue",
     "feed",
     "begin",
     "claim",
@@ -22,10 +23,15 @@ NAMES = (
 )
 
 
+#: Scripts that also need the route itself (_route.lua), after _lib.lua.
+INCLUDES = {"route": ("_route",), "requeue": ("_route",)}
+
+
 def source(name: str) -> str:
-    """The full text of one script, with the shared helpers prepended."""
+    """The full text of one script: _lib.lua's shared helpers, what it includes, itself."""
     here = resources.files(__name__)
-    return (here / "_lib.lua").read_text() + "\n" + (here / f"{name}.lua").read_text()
+    parts = ("_lib", *INCLUDES.get(name, ()), name)
+    return "\n".join((here / f"{part}.lua").read_text() for part in parts)
 
 
 class Scripts:

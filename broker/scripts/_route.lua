@@ -1,0 +1,100 @@
+-- Route tasks of one model, each by the two-level rule: to the L2 of an IDLE or
+-- WAITING executor with free capacity, else to the model's L1. The candidate is the
+-- first of the model's ready set (a WAITING executor, the fullest first, then the
+-- longest IDLE), so a route costs the same however many executors serve the model.
+-- An entry whose heartbeat lapsed is dropped on the way (the heartbeat adds it back
+-- if it lives). An executor with no batch window (max_wait_ms 0) computes at once,
+-- so handing it a task makes it WORKING here, which saves the executor a round trip.
+-- A WAITING executor whose capacity reaches 0 is told so on its full channel, which
+-- closes its batch window at once.
+-- A task bound for L1 that has a deadline (its own, else the model's SLO) is refused
+-- when the predicted wait passes it: the tasks ahead of it (the retry list and L1 at
+-- its priority and above) over the model's rate, plus the lag from a claim to the
+-- result (keys.speed). With the pipeline, a task that finds the batches claimed early
+-- full waits for the computes in hand too (extra): sure once as many tasks are ahead
+-- as those batches hold, and taken in proportion below that, where a task mostly
+-- joins a batch as it is topped up. Nothing is predicted while no executor has
+-- published a rate. ModelSpeed.wait_ms in broker/state.py is the same formula.
+-- KEYS: ready set, models set, target L1 key, changes, retry list, speed hash,
+--       slo hash, then the L1 keys of every priority
+-- ARGV: model, executor key prefix, L2 key prefix, max_queue hash, metrics hash,
+--       full channel prefix, ms the tasks have left (-1: none given), how many of the
+--       L1 keys are at or above the tasks' priority, then one message per task
+-- Returns one reply per message: the executor id, 0 for L1, the L1 depth that
+-- refused it (QUEUE_FULL) as a negative number, or {predicted wait ms, tasks ahead,
+-- ms it had left} when the wait passes its deadline (OVERLOADED).
+-- route_messages(KEYS, ARGV) does it, for route.lua and requeue.lua.
+local function route_messages(KEYS, ARGV)
+  local model = ARGV[1]
+  local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now_ms(), model)
+  local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
+  local out, to_l1, routed, refused = {}, 0, 0, 0
+  local max_queue, budget
+
+  -- What only a task bound for L1 needs: the model known (an executor in the ready set
+  -- already says so), its L1 bound, and the deadline budget (its own, else the SLO).
+  local function l1_rules()
+    if max_queue then return end
+    if routed == 0 and redis.call('SISMEMBER', KEYS[2], model) == 0 then
+      return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. model)
+    end
+    max_queue = tonumber(redis.call('HGET', ARGV[4], model) or 0)
+    budget = tonumber(ARGV[7])
+    if budget < 0 then
+      budget = tonumber(redis.call('HGET', KEYS[7], model) or 0)
+      if budget <= 0 then budget = nil end
+    end
+  end
+
+  -- The predicted wait of the next task into L1, in ms, or nil when none can be told.
+  local function wait()
+    if not budget then return nil end
+    if not rate then
+      local s = redis.call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
+        'batches')
+      rate = tonumber(s[1]) or 0
+      if rate > 1e-6 then
+        lag, extra = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
+        batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
+      end
+      ahead = redis.call('LLEN', KEYS[5])
+      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + redis.call('LLEN', KEYS[k]) end
+    end
+    if rate <= 1e-6 then return nil end
+    -- Claims take batches of about `batch`: the next one comes after half of one, on average.
+    return (ahead + batch / 2) * 1000 / rate + lag + extra * math.min(1, ahead / held)
+  end
+
+  for i = 9, #ARGV do
+    local id, state, window = ready.top()
+    if id then
+      ready.hand(id, state, window, ARGV[i])
+      routed = routed + 1
+      out[#out + 1] = id
+    else
+      local unknown = l1_rules()
+      if unknown then return unknown end
+      if max_queue > 0 and not depth then
+        depth = 0
+        for k = 8, #KEYS do depth = depth + redis.call('LLEN', KEYS[k]) end
+      end
+      local predicted = wait()
+      if max_queue > 0 and depth >= max_queue then
+        out[#out + 1] = -depth
+      elseif predicted and predicted > budget then
+        out[#out + 1] = {math.ceil(predicted), ahead, math.floor(budget)}
+        refused = refused + 1
+      else
+        redis.call('LPUSH', KEYS[3], ARGV[i])
+        if depth then depth = depth + 1 end
+        if ahead then ahead = ahead + 1 end
+        to_l1 = to_l1 + 1
+        out[#out + 1] = 0
+      end
+    end
+  end
+  if routed > 0 then redis.call('HINCRBY', ARGV[5], 'route:L2', routed) end
+  if to_l1 > 0 then redis.call('HINCRBY', ARGV[5], 'route:L1', to_l1) end
+  if refused > 0 then redis.call('HINCRBY', ARGV[5], 'shed:submit', refused) end
+  return out
+end
