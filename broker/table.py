@@ -494,6 +494,61 @@ class Table:
         executor has published one."""
         return ModelSpeed.from_hash(self.redis.hgetall(keys.speed(model)))
 
+    # The coordinator's reads and writes outside the scripts
+
+    def forget_deadline(self, executor_id: str) -> None:
+        """Drop a heartbeat deadline whose executor hash is gone."""
+        self.redis.zrem(keys.DEADLINES, executor_id)
+
+    def exists(self, executor_id: str) -> bool:
+        """True while the executor's hash is in the table."""
+        return bool(self.redis.exists(keys.executor(executor_id)))
+
+    def poison(self, limit: int) -> list[tuple[bytes, list[str]]]:
+        """Up to `limit` poison messages waiting to be buried, each with the executors
+        that died holding it, in order."""
+        out = []
+        for raw in self.redis.lrange(keys.POISON, 0, limit - 1):
+            delivered = self.redis.lrange(keys.deliveries(raw), 0, -1)
+            out.append((raw, [e.decode(errors="replace") for e in delivered]))
+        return out
+
+    def changes_since_relayed(self, block_ms: int = 0) -> list[tuple[bytes, dict]]:
+        """The state changes after the last one relayed, up to 1000, waiting up to
+        block_ms for one. On the first call ever, relaying starts from now."""
+        last = self.redis.get(keys.RELAYED)
+        if last is None:
+            newest = self.redis.xrevrange(keys.STATE_STREAM, count=1)
+            last = newest[0][0] if newest else "0-0"
+            self.redis.set(keys.RELAYED, last)
+        replies = self.redis.xread({keys.STATE_STREAM: last}, count=1000, block=block_ms or None)
+        return replies[0][1] if replies else []
+
+    def relay(self, changes: Sequence[str], last_id: bytes) -> None:
+        """Publish these changes (JSON) on the state channel and mark up to last_id
+        relayed, in one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for change in changes:
+                pipe.publish(keys.STATE_CHANNEL, change)
+            pipe.set(keys.RELAYED, last_id)
+            pipe.execute()
+
+    def counters(self, model: str) -> dict[str, float]:
+        """The model's metrics hash (broker/metrics.py), field -> value."""
+        return {k.decode(): float(v) for k, v in self.redis.hgetall(keys.metrics(model)).items()}
+
+    def stats(self) -> dict[str, int]:
+        """The fleet-wide counters of tandem:stats (redelivered, duplicates, ...)."""
+        return {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
+
+    def dead_letters(self) -> int:
+        """How many dead letters are kept."""
+        return self.redis.llen(keys.DEAD)
+
+    def poisoned(self) -> int:
+        """How many poison messages wait for the coordinator to bury them."""
+        return self.redis.llen(keys.POISON)
+
     def retry_depth(self, model: str) -> int:
         """Redelivered tasks of the model waiting to be computed alone."""
         return self.redis.llen(keys.retry(model))

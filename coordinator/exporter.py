@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import redis
 
-from tandem.broker import keys
 from tandem.broker.metrics import HELP, HISTOGRAMS, STATS
 from tandem.broker.state import State
 from tandem.broker.table import Table
@@ -105,9 +104,7 @@ class Collector:
                 speed["capacity"].add_metric([model], known.rate)
                 ahead = self.table.ahead(model, priority=0)
                 speed["predicted_wait_ms"].add_metric([model], known.wait_ms(ahead))
-            fields = {
-                k.decode(): float(v) for k, v in self.redis.hgetall(keys.metrics(model)).items()
-            }
+            fields = self.table.counters(model)
             for route in ("L1", "L2"):
                 routes.add_metric([model, route], fields.get(f"route:{route}", 0.0))
             for outcome in ("SUCCESS", "FAILURE"):
@@ -131,11 +128,11 @@ class Collector:
 
     def _fleet(self, gauge, counter) -> Iterator:
         """What tandem:stats counts over every model, and the dead-letter list's length."""
-        stats = {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
+        stats = self.table.stats()
         for name, text in STATS.items():
             yield counter(f"tandem_{name}", text, value=stats.get(name, 0))
         yield gauge(
-            "tandem_dead_letters", "Dead letters kept now.", value=self.redis.llen(keys.DEAD)
+            "tandem_dead_letters", "Dead letters kept now.", value=self.table.dead_letters()
         )
 
 

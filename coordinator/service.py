@@ -17,7 +17,7 @@ import time
 
 import redis
 
-from tandem.broker import deadletter, keys, message, results
+from tandem.broker import deadletter, message, results
 from tandem.broker.errors import PoisonMessage
 from tandem.broker.faults import Faults
 from tandem.broker.retry import Backoff, retry
@@ -91,7 +91,7 @@ class Coordinator:
         done = []
         for executor_id, model in dict(lapsed).items():
             if not model:  # its hash is gone
-                self.redis.zrem(keys.DEADLINES, executor_id)
+                self.table.forget_deadline(executor_id)
                 continue
             moved = self.table.reclaim(executor_id, model, count=True)
             if moved >= 0:
@@ -112,9 +112,7 @@ class Coordinator:
         """Quarantine each message that reached max_deliveries: a PoisonMessage FAILURE
         naming the executors it took down, and a dead letter. Returns how many."""
         buried = 0
-        for raw in self.redis.lrange(keys.POISON, 0, limit - 1):
-            delivered = self.redis.lrange(keys.deliveries(raw), 0, -1)
-            took = [e.decode(errors="replace") for e in delivered]
+        for raw, took in self.table.poison(limit):
             task = message.decode(raw, max_bytes=self.settings.max_message_bytes)
             error = PoisonMessage(
                 f"quarantined after {len(took)} deliveries: the executors "
@@ -138,33 +136,25 @@ class Coordinator:
         """Drop ids left in an executors set whose hash is gone."""
         for model in self.table.models():
             for executor_id in self.table.executor_ids(model):
-                if not self.redis.exists(keys.executor(executor_id)):
+                if not self.table.exists(executor_id):
                     self.table.reclaim(executor_id, model, force=True, count=True)
 
     def relay(self, block_ms: int = 0) -> int:
         """Publish each new state change from the stream on the state channel, in order;
         returns how many. An entry the scripts could not have written is dropped."""
-        last = self.redis.get(keys.RELAYED)
-        if last is None:  # first run: relay from now on
-            newest = self.redis.xrevrange(keys.STATE_STREAM, count=1)
-            last = newest[0][0] if newest else "0-0"
-            self.redis.set(keys.RELAYED, last)
-        replies = self.redis.xread({keys.STATE_STREAM: last}, count=1000, block=block_ms or None)
-        if not replies:
+        entries = self.table.changes_since_relayed(block_ms)
+        if not entries:
             return 0
-        entries, published = replies[0][1], 0
-        with self.redis.pipeline(transaction=False) as pipe:
-            for entry_id, fields in entries:
-                change = state_change(fields)
-                if change is None:
-                    log.warning("dropped state change %s: not what the scripts write", entry_id)
-                    continue
-                pipe.publish(keys.STATE_CHANNEL, json.dumps(change))
-                published += 1
-            pipe.set(keys.RELAYED, entries[-1][0])
-            pipe.execute()
-        self.relayed += published
-        return published
+        changes = []
+        for entry_id, fields in entries:
+            change = state_change(fields)
+            if change is None:
+                log.warning("dropped state change %s: not what the scripts write", entry_id)
+                continue
+            changes.append(json.dumps(change))
+        self.table.relay(changes, entries[-1][0])
+        self.relayed += len(changes)
+        return len(changes)
 
 
 def state_change(fields: dict) -> dict | None:

@@ -46,8 +46,8 @@ def snapshot(client: redis.Redis) -> dict:
             }
             for m in models
         ],
-        "poison": client.llen(keys.POISON),
-        "dead_letters": client.llen(keys.DEAD),
+        "poison": table.poisoned(),
+        "dead_letters": table.dead_letters(),
     }
 
 
