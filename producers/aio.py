@@ -30,7 +30,7 @@ import redis
 import redis.asyncio as aioredis
 from celery import states
 
-from tandem.broker import keys, message
+from tandem.broker import keys, message, reads
 from tandem.broker.errors import BadArgument, BadInput, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
@@ -243,17 +243,7 @@ class AsyncClient:
 
     async def live(self, model: str) -> bool:
         """True while an executor of the model has a heartbeat that has not lapsed."""
-
-        async def read() -> bool:
-            ids = await self.redis.smembers(keys.executors(model))
-            if not ids:
-                return False
-            seconds, micros = await self.redis.time()
-            now_ms = seconds * 1000 + micros // 1000
-            scores = await self.redis.zmscore(keys.DEADLINES, list(ids))
-            return any(s is not None and s > now_ms for s in scores)
-
-        return await self._cached("live " + model, read)
+        return await self._cached("live " + model, lambda: reads.live(self.redis, model))
 
     async def resolve(self, name: str, version: str | None) -> str:
         """NAME:VERSION; without a version (or `latest`), the highest version with a live
@@ -264,13 +254,8 @@ class AsyncClient:
             raise UnknownModel(str(e)) from None
         if version and version != "latest":
             return f"{name}:{version}"
-
-        async def read() -> list[str]:
-            found = await self.redis.smembers(keys.MODELS)
-            return [m.decode() for m in found if m.decode().partition(":")[0] == name]
-
-        versions = await self._cached("versions " + name, read)
-        live = [m for m in versions if await self.live(m)]
+        served = await self._cached("versions " + name, lambda: reads.versions(self.redis, name))
+        live = [m for m in served if await self.live(m)]
         if not live:
             raise UnknownModel(f"no live executor serves any version of {name!r}")
         return max(live, key=lambda m: keys.version_key(m.partition(":")[2]))
@@ -278,19 +263,7 @@ class AsyncClient:
     async def spec(self, model: str) -> dict | None:
         """The signature the model's workers published, with its slo_ms; None if no
         worker ever served it."""
-
-        async def read() -> dict | None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hget(keys.SPECS, model)
-                pipe.hget(keys.SLO, model)
-                raw, slo = await pipe.execute()
-            if raw is None:
-                return None
-            spec = json.loads(raw)
-            spec["slo_ms"] = float(slo or 0)
-            return spec
-
-        return await self._cached("spec " + model, read)
+        return await self._cached("spec " + model, lambda: reads.signature(self.redis, model))
 
     # The reader
 
