@@ -1,0 +1,37 @@
+"""Revocation records: a sorted set of revoked task ids, scored by when each record
+expires, which every executor asks before it computes (workers/prepare.py). Mixed into
+Table (broker/table.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis
+
+from tandem.broker import keys
+from tandem.broker.readmodel import ms
+
+
+class Revocations:
+    redis: redis.Redis
+
+    def revoke(self, task_ids: Sequence[str], ttl_s: float) -> None:
+        """Record revoked ids for ttl_s seconds; expired records are dropped on the way."""
+        now = ms(*self.redis.time())
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.REVOKED, {task_id: now + int(ttl_s * 1000) for task_id in task_ids})
+            pipe.zremrangebyscore(keys.REVOKED, "-inf", now)
+            pipe.execute()
+
+    def revoked(self, task_ids: Sequence[str]) -> set[str]:
+        """Which of task_ids have a live revocation record."""
+        if not task_ids:
+            return set()
+        with self.redis.pipeline(transaction=False) as pipe:
+            (now_s, now_us), scores = pipe.time().zmscore(keys.REVOKED, list(task_ids)).execute()
+        now = ms(now_s, now_us)
+        return {i for i, s in zip(task_ids, scores, strict=True) if s is not None and s > now}
+
+    def revocations(self) -> int:
+        """How many revocation records exist (expired ones included until pruned)."""
+        return self.redis.zcard(keys.REVOKED)
