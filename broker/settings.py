@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from tandem.broker.errors import BadSetting
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-#: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.
-STACK_FILE = Path(".tandem") / "stack.json"
 
 
 @dataclass(frozen=True)
@@ -154,32 +150,22 @@ def _convert(raw: str, default: Any) -> Any:
     return type(default)(raw)
 
 
-def stack_url(stack_file: str | Path = STACK_FILE) -> str | None:
-    """The Redis URL a running `tandem up` wrote to `stack_file`, or None if none is running."""
-    try:
-        stack = json.loads(Path(stack_file).read_text())
-        url, pid = stack["url"], stack["pid"]
-        if not isinstance(url, str) or not isinstance(pid, int) or pid <= 0:
-            return None
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # no file, a stale or foreign one: not a running stack
-    return url
-
-
 def load_settings(
-    env: Mapping[str, str] | None = None, *, stack_file: str | Path | None = None, **flags: Any
+    env: Mapping[str, str] | None = None,
+    *,
+    fallback_url: Callable[[], str | None] | None = None,
+    **flags: Any,
 ) -> Settings:
     """Build Settings. A flag that is None falls back to TANDEM_<NAME>, then to the default.
 
-    stack_file: when no flag or TANDEM_REDIS_URL names Redis, use the URL of the running
-    `tandem up` that wrote this file (the CLI passes STACK_FILE, in the current folder).
+    fallback_url: when no flag or TANDEM_REDIS_URL names Redis, the URL it returns, if
+    any (the CLI passes the one of a `tandem up` running in the current folder).
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     problems: list[str] = []
-    joins_stack = stack_file is not None and flags.get("redis_url") is None
-    if joins_stack and "TANDEM_REDIS_URL" not in env and (url := stack_url(stack_file)):
+    joins_stack = fallback_url is not None and flags.get("redis_url") is None
+    if joins_stack and "TANDEM_REDIS_URL" not in env and (url := fallback_url()):
         values["redis_url"] = url
     for field in fields(Settings):
         flag = flags.pop(field.name, None)

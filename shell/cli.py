@@ -12,7 +12,8 @@ import time
 import click
 
 from tandem.broker.errors import TandemError
-from tandem.broker.settings import STACK_FILE, Settings, load_settings
+from tandem.broker.settings import Settings, load_settings
+from tandem.discovery import STACK_FILE, stack_url
 
 #: The defaults, as every --help text states them.
 DEFAULTS = Settings()
@@ -21,7 +22,7 @@ DEFAULTS = Settings()
 def _settings(**flags):
     """Settings for a command that joins a stack: --redis, TANDEM_REDIS_URL, else the
     Redis of a `tandem up` running in this folder (its .tandem/stack.json), else localhost."""
-    return load_settings(stack_file=STACK_FILE, **flags)
+    return load_settings(fallback_url=lambda: stack_url(STACK_FILE), **flags)
 
 
 def redis_option(f):

@@ -18,8 +18,9 @@ from pathlib import Path
 import redis
 
 from tandem.broker.errors import ProcessExited, TandemError
-from tandem.broker.settings import STACK_FILE, Settings, stack_url
+from tandem.broker.settings import Settings
 from tandem.broker.table import Table
+from tandem.discovery import STACK_FILE, stack_url
 from tandem.server import RedisServer
 
 
@@ -144,7 +145,7 @@ class Stack:
 
     @property
     def stack_file(self) -> Path:
-        """Where the URL is written for the commands that follow (settings.STACK_FILE)."""
+        """Where the URL is written for the commands that follow (discovery.STACK_FILE)."""
         return self.data_dir / "stack.json"
 
     def start(self, timeout_s: float = 60.0) -> Stack:
