@@ -58,7 +58,7 @@ L2_PREFIX = "tandem:l2:"
 #: LIST per executor: every task it claimed and has not finished. Newest on the left.
 INFLIGHT_PREFIX = "tandem:inflight:"
 #: PUB/SUB channel per executor: route.lua says "full" there when a WAITING executor's
-#: capacity reaches 0, which closes its batch window without polling.
+#: room reaches 0, which closes its batch window without polling.
 FULL_PREFIX = "tandem:full:"
 
 _PART = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -112,7 +112,7 @@ def executors(model: str) -> str:
 
 def ready(model: str) -> str:
     """ZSET of the executors of this model that can take a task now: IDLE or WAITING with
-    capacity. The lowest score is routed to first: a WAITING executor scores its capacity
+    room. The lowest score is routed to first: a WAITING executor scores its room
     (the fullest first), an IDLE one READY_IDLE plus when it went idle, in epoch
     microseconds (the longest idle first). Kept by the scripts that change state;
     route.lua drops lapsed entries."""
@@ -120,7 +120,7 @@ def ready(model: str) -> str:
     return f"tandem:ready:{model}"
 
 
-#: Added to an IDLE executor's ready score: above any WAITING executor's capacity.
+#: Added to an IDLE executor's ready score: above any WAITING executor's room.
 READY_IDLE = 2**40
 
 

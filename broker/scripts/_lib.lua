@@ -10,7 +10,7 @@ local function now_us()
 end
 
 -- The model's ready set (keys.ready): executors that can take a task now. Its key is
--- in each executor's hash. WAITING scores its capacity, IDLE READY_IDLE + since when (us).
+-- in each executor's hash. WAITING scores its room, IDLE READY_IDLE + since when (us).
 local READY_IDLE = 1099511627776  -- 2^40, keys.READY_IDLE
 local function ready_at(hash, id, score)
   local key = redis.call('HGET', hash, 'ready')
@@ -133,9 +133,9 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now, mod
     end
     return nil
   end
-  -- Push message m onto executor id's L2 and take one from its capacity. With no
+  -- Push message m onto executor id's L2 and take one from its room. With no
   -- batch window it computes at once, so it goes WORKING here. A WAITING one whose
-  -- capacity runs out is told on its full channel.
+  -- room runs out is told on its full channel.
   function self.hand(id, state, window, m)
     local hash = hash_prefix .. id
     redis.call('LPUSH', l2_prefix .. id, m)

@@ -1,11 +1,11 @@
 -- Route tasks of one model, each by the two-level rule: to the L2 of an IDLE or
--- WAITING executor with free capacity, else to the model's L1. The candidate is the
+-- WAITING executor with room, else to the model's L1. The candidate is the
 -- first of the model's ready set (a WAITING executor, the fullest first, then the
 -- longest IDLE), so a route costs the same however many executors serve the model.
 -- An entry whose heartbeat lapsed is dropped on the way (the heartbeat adds it back
 -- if it lives). An executor with no batch window (max_wait_ms 0) computes at once,
 -- so handing it a task makes it WORKING here, which saves the executor a round trip.
--- A WAITING executor whose capacity reaches 0 is told so on its full channel, which
+-- A WAITING executor whose room reaches 0 is told so on its full channel, which
 -- closes its batch window at once.
 -- A task bound for L1 that has a deadline (its own, else the model's SLO) is refused
 -- when the predicted wait passes it: the tasks ahead of it (the retry list and L1 at

@@ -1,6 +1,6 @@
 -- After a compute, in one round trip: claim the next batch (one redelivered task
 -- alone, else up to N from L1, oldest and highest priority first), or, when there
--- is nothing to claim, go IDLE with full capacity in the same atomic step, so no
+-- is nothing to claim, go IDLE with all its room in the same atomic step, so no
 -- task can wait in L1 while this executor is IDLE. A STOPPING executor claims
 -- nothing more and stays STOPPING.
 -- KEYS: executor hash, in-flight, changes, retry list, L1 keys of every priority

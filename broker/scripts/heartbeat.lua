@@ -1,5 +1,5 @@
 -- Push back the heartbeat deadline of each executor hash in KEYS. An IDLE or
--- WAITING one with capacity that route.lua dropped from the ready set while its
+-- WAITING one with room that route.lua dropped from the ready set while its
 -- heartbeat had lapsed is put back.
 -- Each deadline also goes in the deadlines set, where the coordinator finds lapsed ones.
 -- KEYS: deadlines set, then executor hashes.

@@ -1,4 +1,4 @@
--- Register an executor. It starts WORKING with no capacity and no published rate
+-- Register an executor. It starts WORKING with no room and no published rate
 -- (a share left by an earlier registration of the same id is taken out), and its
 -- first step claims any L1 backlog or goes IDLE. Sets its model's L1 bound and SLO.
 -- KEYS: executor hash, executors set, models set, changes, stats, deadlines set,

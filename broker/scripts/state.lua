@@ -1,9 +1,9 @@
 -- Record a state the scheduling does not depend on (WAITING, STOPPING).
--- STOPPING also zeroes the capacity, so nothing more is routed here, and takes the
+-- STOPPING also zeroes its room, so nothing more is routed here, and takes the
 -- executor's rate out of its model's speed hash, since it claims nothing more.
 -- KEYS: executor hash, changes, speed hash
 -- ARGV: executor id, state
--- Returns the executor's capacity after the change.
+-- Returns the executor's room after the change.
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
 -- STOPPING is final: only a new registration leaves it.
 if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return 0 end
