@@ -145,8 +145,9 @@ class Client:
         except Exception:
             self.listener.release(task_id)  # never enqueued: no result will come
             raise
-        self._sent(model, [task_id], expires)
-        return self._result(task_id, executor)
+        result = self._result(task_id, executor)
+        self._sent(model, [result], expires)
+        return result
 
     def submit_many(
         self,
@@ -201,7 +202,7 @@ class Client:
                     errors.append(replies[n])
             else:
                 results.append(self._result(task_id, replies[n]))
-        self._sent(model, [res.id for res in results], expires)
+        self._sent(model, results, expires)
         return results, errors
 
     def revoke(self, task_id: str) -> None:
@@ -213,10 +214,20 @@ class Client:
             self.app.backend.mark_as_revoked(task_id, reason="revoked")
             self.app.control.revoke(task_id)
 
-    def _sent(self, model: str, task_ids: list[str], expires: datetime | None) -> None:
-        """Celery's task-sent events, when task_send_sent_event is on."""
-        if not self.settings.send_sent_event or not task_ids:
+    def _sent(self, model: str, results: list[TandemResult], expires: datetime | None) -> None:
+        """Celery's task-sent events, when task_send_sent_event is on. The tasks are
+        enqueued by now: if Redis fails here, BrokerUnavailable carries them as
+        `.accepted`."""
+        if not self.settings.send_sent_event or not results:
             return
+        try:
+            with unavailable_as_tandem("the tasks were enqueued, but not their task-sent events"):
+                self._send_events(model, [r.id for r in results], expires)
+        except BrokerUnavailable as e:
+            e.accepted = results
+            raise
+
+    def _send_events(self, model: str, task_ids: list[str], expires: datetime | None) -> None:
         queue = keys.l1(model)
         with self._events_lock:
             if self._dispatcher is None:
