@@ -150,6 +150,13 @@ def _convert(raw: str, default: Any) -> Any:
     return type(default)(raw)
 
 
+def names_redis(redis_url: str | None, env: Mapping[str, str] | None = None) -> bool:
+    """True if the --redis flag (redis_url) or TANDEM_REDIS_URL names a Redis: `tandem up`
+    and `tandem demo` start an embedded one otherwise."""
+    env = os.environ if env is None else env
+    return redis_url is not None or "TANDEM_REDIS_URL" in env
+
+
 def load_settings(
     env: Mapping[str, str] | None = None,
     *,

@@ -12,7 +12,7 @@ import time
 import click
 
 from tandem.broker.errors import TandemError
-from tandem.broker.settings import Settings, load_settings
+from tandem.broker.settings import Settings, load_settings, names_redis
 from tandem.discovery import STACK_FILE, stack_url
 
 #: The defaults, as every --help text states them.
@@ -29,9 +29,8 @@ def redis_option(f):
     return click.option(
         "--redis",
         "redis_url",
-        envvar="TANDEM_REDIS_URL",
         default=None,
-        help="Redis URL (redis://, rediss://, with user:pass@ for ACLs).",
+        help="Redis URL (redis://, rediss://, with user:pass@ for ACLs); else TANDEM_REDIS_URL.",
     )(f)
 
 
@@ -327,7 +326,7 @@ def up(workers, **flags) -> None:
 
     settings = load_settings(**flags)
     setup_logging("INFO")
-    embedded = flags["redis_url"] is None
+    embedded = not names_redis(flags["redis_url"])
     stack = Stack(settings, workers=workers, embedded=embedded).start()
     found = (
         f"tandem commands run in this folder use it ({STACK_FILE})"

@@ -98,3 +98,11 @@ def test_the_help_texts_state_the_defaults_settings_have():
     assert f"Largest batch (default {defaults.max_batch})" in worker
     coordinator = " ".join(CliRunner().invoke(main, ["coordinator", "--help"]).output.split())
     assert f"(default {defaults.max_deliveries})" in coordinator
+
+
+def test_a_redis_is_named_by_the_flag_or_the_environment_alone():
+    from tandem.broker.settings import names_redis
+
+    assert names_redis("redis://a:1/0", env={})
+    assert names_redis(None, env={"TANDEM_REDIS_URL": "redis://a:1/0"})
+    assert not names_redis(None, env={"TANDEM_MAX_BATCH": "4"})

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from tandem.broker.settings import load_settings
+from tandem.broker.settings import load_settings, names_redis
 from tandem.cli import redis_option, setup_logging, stack_options
 
 
@@ -32,7 +32,7 @@ def demo(workers, rates, seconds, **flags) -> None:
         raise click.BadParameter(str(e), param_hint="--rates") from e
     settings = load_settings(**flags)
     setup_logging("WARNING")
-    run_demo(settings, workers=workers, embedded=flags["redis_url"] is None, phases=phases)
+    run_demo(settings, workers=workers, embedded=not names_redis(flags["redis_url"]), phases=phases)
 
 
 @click.command()
