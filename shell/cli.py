@@ -240,6 +240,7 @@ def dead(redis_url, limit, requeue, purge, as_json) -> None:
 def models(directory, device) -> None:
     """List and check the models of a repository (default: the shipped examples)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table as RichTable
 
     from tandem.workers.models.repository import Repository, check
@@ -247,11 +248,11 @@ def models(directory, device) -> None:
     repository = Repository(directory)
     rows = check(repository, device)
     columns = ("model", "artifact", "inputs", "outputs", "batch", "status")
-    table = RichTable(title=f"models in {repository.root}")
+    table = RichTable(title=escape(f"models in {repository.root}"))
     for column in columns:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
+    for row in rows:  # escaped: an install hint holds [extra], which Rich reads as markup
+        table.add_row(*(escape(str(row[c])) for c in columns))
     Console(width=160).print(table)
     if not rows:
         raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import redis
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from tandem.broker import keys
@@ -56,9 +57,9 @@ def tables(data: dict) -> Group:
     for column in ("id", "model", "state", "batches", "tasks", "mean batch", "L2", "in-flight"):
         executors.add_column(column)
     for e in data["executors"]:
-        executors.add_row(
-            e["id"],
-            e["model"],
+        executors.add_row(  # names come from users (--hostname): escaped, never markup
+            escape(e["id"]),
+            escape(e["model"]),
             e["state"],
             str(e["batches"]),
             str(e["tasks"]),
@@ -72,8 +73,8 @@ def tables(data: dict) -> Group:
     for q in data["queues"]:
         known = [q["capacity_rps"], q["predicted_wait_ms"]]
         queues.add_row(
-            q["model"],
-            q["queue"],
+            escape(q["model"]),
+            escape(q["queue"]),
             str(q["l1"]),
             str(q["retry"]),
             *("-" if v is None else str(v) for v in known),

@@ -76,3 +76,26 @@ def test_up_runs_a_local_stack_until_ctrl_c(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def test_status_prints_names_with_brackets_as_they_are():
+    """Executor ids hold the worker's --hostname, which may hold brackets: never markup."""
+    from rich.console import Console
+
+    from tandem.status import tables
+
+    data = {
+        "executors": [
+            {"id": "w[embed]@h/sim:1/ab12", "model": "sim:1", "state": "IDLE", "batches": 1,
+             "tasks": 1, "mean_batch": 1.0, "l2": 0, "inflight": 0}
+        ],
+        "queues": [
+            {"model": "sim:1", "queue": "tandem.l1.sim.1", "l1": 0, "retry": 0,
+             "capacity_rps": None, "predicted_wait_ms": None}
+        ],
+        "poison": 0,
+        "dead_letters": 0,
+    }  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(tables(data))
+    assert "w[embed]@h/sim:1/ab12" in console.export_text()

