@@ -68,6 +68,10 @@ class ModelError(TandemError):
 class ModelLoadError(TandemError):
     """A model in the repository cannot be loaded; the message names the file."""
 
+    #: The optional extra whose absence is the whole cause, if that is it: the model is
+    #: not broken, this install lacks what it needs.
+    extra: str | None = None
+
 
 class ProcessExited(TandemError):
     """A process tandem started (a worker, the coordinator) exited; the message has its log."""
@@ -75,6 +79,9 @@ class ProcessExited(TandemError):
 
 class MissingExtra(TandemError):
     """A command needs an optional extra that is not installed; the message says how to."""
+
+    #: The extra's name.
+    extra: str | None = None
 
 
 class BadSetting(TandemError, ValueError):

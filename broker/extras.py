@@ -28,7 +28,9 @@ def require(extra: str, what: str) -> None:
     """Raise MissingExtra, naming the install command, unless `extra` is installed."""
     missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
     if missing:
-        raise MissingExtra(
+        error = MissingExtra(
             f"{what} needs the {extra} extra ({', '.join(missing)} not installed): "
             + install_hint(extra)
         )
+        error.extra = extra
+        raise error

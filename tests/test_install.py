@@ -200,3 +200,13 @@ def test_install_hints_keep_their_brackets_in_rich_tables(tmp_path):
     done = tandem("models", env=env, timeout=120, cwd=tmp_path)
     flat = "".join(ch for ch in done.stdout if ch not in "│ \n")
     assert "pipinstall'tandem-serve[embed]'" in flat, done.stdout
+    # A model whose extra this install lacks is listed as such; it is not a broken model.
+    assert "needstheembedextra" in flat and done.returncode == 0, done.stdout + done.stderr
+
+
+def test_models_fails_only_for_a_broken_model(tmp_path):
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "config.json").write_text('{"inputs": []')
+    done = tandem("models", str(tmp_path), timeout=120, cwd=tmp_path)
+    flat = "".join(ch for ch in done.stdout if ch not in "│ \n")  # the table wraps lines
+    assert done.returncode == 1 and "notvalidJSON" in flat, done.stdout

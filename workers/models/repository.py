@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tandem.broker.errors import BadSetting, ModelLoadError
+from tandem.broker.errors import BadSetting, MissingExtra, ModelLoadError
 from tandem.broker.extras import extra_of, install_hint
 from tandem.broker.keys import version_key
 from tandem.workers.models.collate import Batch, Collator, Item
@@ -165,10 +165,12 @@ def _from_factory(config: ModelConfig) -> torch.nn.Module:
     except (ImportError, AttributeError) as e:
         missing = getattr(e, "name", None) or ""
         hint = f"; install it with {install_hint(extra)}" if (extra := extra_of(missing)) else ""
-        raise ModelLoadError(
+        error = ModelLoadError(
             f"{config.directory / 'config.json'}: factory {artifact.factory!r} not found: {e}"
             + hint
-        ) from e
+        )
+        error.extra = extra
+        raise error from e
     module = build(config)
     if artifact.weights:
         from safetensors.torch import load_file
@@ -207,8 +209,11 @@ def check(repository: Repository, device: str | None = None) -> list[dict[str, A
                 batch=f"{config.max_batch_size} / {config.max_wait_ms:g} ms",
             )
             RepoModel(config, device=device or config.device)
-        except ModelLoadError as e:
-            row["status"] = f"error: {e}"
+        except (ModelLoadError, MissingExtra) as e:
+            if e.extra:  # not broken: this install lacks an optional extra
+                row["status"] = f"needs the {e.extra} extra: {install_hint(e.extra)}"
+            else:
+                row["status"] = f"error: {e}"
         except ImportError as e:
             row["status"] = f"error: {path}: needs a package that is not installed: {e}"
         rows.append(row)

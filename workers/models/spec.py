@@ -93,7 +93,9 @@ def resolve(value: str, directory: Path) -> Path:
         if spec is None or not spec.submodule_search_locations:
             extra = extra_of(package)
             hint = f"; install it with {install_hint(extra)}" if extra else ""
-            raise FileNotFoundError(f"package {package!r} is not installed{hint}")
+            missing = FileNotFoundError(f"package {package!r} is not installed{hint}")
+            missing.extra = extra
+            raise missing
         return Path(next(iter(spec.submodule_search_locations))) / rest
     path = (directory / value).resolve()
     if directory.resolve() not in path.parents:
@@ -113,7 +115,9 @@ def load_config(path: Path) -> ModelConfig:
         return _parse(raw, path)
     except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
         problem = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-        raise ModelLoadError(f"{path}: {problem}") from e
+        error = ModelLoadError(f"{path}: {problem}")
+        error.extra = getattr(e, "extra", None)  # a pkg: path of an extra not installed
+        raise error from e
 
 
 def _parse(raw: dict, path: Path) -> ModelConfig:
