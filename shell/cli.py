@@ -106,6 +106,9 @@ def main() -> None:
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
 def worker(**flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""
+    from tandem.broker.extras import require
+
+    require("worker", "tandem worker")
     from tandem.workers.bootstep import run_worker
 
     settings = _settings(**flags)
@@ -243,6 +246,7 @@ def models(directory, device) -> None:
     from rich.markup import escape
     from rich.table import Table as RichTable
 
+    from tandem.broker.extras import install_hint, installed
     from tandem.workers.models.repository import Repository, check
 
     repository = Repository(directory)
@@ -253,7 +257,12 @@ def models(directory, device) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:  # escaped: an install hint holds [extra], which Rich reads as markup
         table.add_row(*(escape(str(row[c])) for c in columns))
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    if rows and not installed("worker"):
+        console.print(
+            escape(f"Configs checked, models not loaded: loading needs the worker extra, {install_hint('worker')}")
+        )
     if not rows:
         raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
     if any(row["status"].startswith("error") for row in rows):
@@ -323,6 +332,9 @@ def stack_options(f):
 @stack_options
 def up(workers, **flags) -> None:
     """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers."""
+    from tandem.broker.extras import require
+
+    require("worker", "tandem up")
     from tandem.stack import Stack
 
     settings = load_settings(**flags)

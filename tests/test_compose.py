@@ -89,7 +89,14 @@ def test_the_gateway_listens_on_every_address_and_is_checked_on_its_ready_path(c
     assert gateway["command"][:2] == ["tandem", "http"]
     assert "0.0.0.0" in gateway["command"] and gateway["ports"] == ["8000:8000"]
     assert "/v2/health/ready" in " ".join(gateway["healthcheck"]["test"])
-    assert '.[embed,http]"' in (COMPOSE / "Dockerfile").read_text()
+
+
+def test_the_image_installs_the_extra_of_every_service_it_runs():
+    """The base install is the producer side: workers, Flower and the gateway each need
+    their extra in the one image."""
+    line = next(x for x in (COMPOSE / "Dockerfile").read_text().splitlines() if "pip install" in x)
+    extras = set(line.split("[", 1)[1].split("]", 1)[0].split(","))
+    assert {"worker", "flower", "http", "embed"} <= extras
 
 
 def test_the_image_copies_every_folder_the_package_maps():

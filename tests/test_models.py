@@ -21,7 +21,8 @@ from tandem.broker.errors import BadInput, ModelError, ModelLoadError
 from tandem.broker.table import Table
 from tandem.producers import client as client_module
 from tandem.producers.client import Client
-from tandem.workers.models.repository import RepoModel, Repository, check
+from tandem.workers.models.loading import RepoModel
+from tandem.workers.models.repository import Repository, check
 from tandem.workers.models.spec import load_config
 
 TESTS = Path(__file__).parent

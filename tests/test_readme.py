@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -14,6 +15,11 @@ from click.testing import CliRunner
 
 from helpers import tandem
 from tandem.cli import main
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -99,11 +105,17 @@ def test_the_readme_opens_with_the_two_commands_ci_runs():
     first = code_blocks(README)[0]
     lines = [ln for ln in first.splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines == [
-        "pip install torch==2.13.0 -e . && tandem demo",
-        "pip install torch==2.13.0 -e '.[test,embed,bench,http]' && pytest",
+        "pip install torch==2.13.0 '.[worker]' && tandem demo",
+        "pip install torch==2.13.0 -e '.[test,worker,flower,embed,bench,http]' && pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_command 1" in ci and "readme_command 2" in ci
+    # The first installs a wheel built from the checkout, as users get it, not an editable
+    # install; the second brings every extra, so the suite runs all of it.
+    assert " -e " not in lines[0]
+    extras = set(lines[1].split("[", 1)[1].split("]", 1)[0].split(","))
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert extras == set(declared["optional-dependencies"])
 
 
 def test_every_link_in_the_repository_docs_stays_inside_it():

@@ -24,6 +24,9 @@ from tandem.cli import redis_option, setup_logging, stack_options
 @click.option("--seconds", type=float, default=5.0, show_default=True, help="Seconds per rate.")
 def demo(workers, rates, seconds, **flags) -> None:
     """Bring up a local stack, run a low and a high Poisson load, print the figures."""
+    from tandem.broker.extras import require
+
+    require("worker", "tandem demo")
     from tandem.tools.demo import run_demo
 
     try:
@@ -316,6 +319,9 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
 )
 def soak(minutes, kill_every_s) -> None:
     """Mixed load with worker kills and a Redis restart; exits 1 if any task was lost."""
+    from tandem.broker.extras import require
+
+    require("worker", "tandem soak")
     from tandem.tools.soak import run_soak
 
     setup_logging("WARNING")

@@ -19,7 +19,7 @@ from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
 from tandem.workers.hooks import CeleryEvents, Logs, Metrics
 from tandem.workers.models import Model, load_model
-from tandem.workers.models.repository import pick_device
+from tandem.workers.models.loading import pick_device
 
 log = logging.getLogger("tandem.worker")
 

@@ -1,49 +1,25 @@
 """The model repository: NAME/VERSION/config.json plus one artifact per version.
 
 Models load only from the configured repository folder (or the one shipped
-with tandem); a task can never name a file.
+with tandem); a task can never name a file. Listing and resolving need no torch;
+loading (tandem.workers.models.loading) needs the worker extra.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from tandem.broker.errors import BadSetting, MissingExtra, ModelLoadError
-from tandem.broker.extras import extra_of, install_hint
+from tandem.broker.errors import MissingExtra, ModelLoadError
+from tandem.broker.extras import install_hint, installed, require
 from tandem.broker.keys import version_key
-from tandem.workers.models.collate import Batch, Collator, Item
 from tandem.workers.models.spec import ModelConfig, load_config
 
-log = logging.getLogger("tandem.models")
+if TYPE_CHECKING:
+    from tandem.workers.models.loading import RepoModel
 
 #: The example repository shipped inside the package.
 SHIPPED = Path(__file__).resolve().parent.parent / "repository"
-
-
-def pick_device(device: str) -> torch.device:
-    """'auto' picks CUDA when it is present, else the CPU. A CUDA device this process
-    cannot see is refused with BadSetting, never left to fail at the first batch."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except RuntimeError as e:
-        raise BadSetting(f"device {device!r} is not a torch device: {e}") from None
-    if chosen.type == "cuda":
-        count = torch.cuda.device_count()
-        if (chosen.index or 0) >= count:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-            raise BadSetting(
-                f"device {device} is not visible: this process sees {count} CUDA device(s) "
-                f"(CUDA_VISIBLE_DEVICES={visible}); a container given one GPU sees it as cuda:0"
-            )
-    return chosen
 
 
 class Repository:
@@ -75,120 +51,18 @@ class Repository:
         return load_config(self.root / name / version / "config.json")
 
     def load(self, ref: str, device: str | None = None) -> RepoModel:
+        require("worker", f"loading {ref}")
+        from tandem.workers.models.loading import RepoModel
+
         config = self.config(ref)
         return RepoModel(config, device=device or config.device)
 
 
-class RepoModel:
-    """A repository model, as an executor sees it: validate one task, run a batch."""
-
-    def __init__(self, config: ModelConfig, device: str = "auto") -> None:
-        self.config = config
-        self.device = pick_device(device)
-        self.collator = Collator(config)
-        self.module = _load_module(config, self.device)
-        self.max_batch_size = config.max_batch_size
-        self.max_wait_ms = config.max_wait_ms
-        self.max_queue = config.max_queue
-        self.slo_ms = config.slo_ms
-        self.last_device_ms: float | None = None
-        self._warm_up()
-
-    def __repr__(self) -> str:
-        return f"<RepoModel {self.config.ref} {self.config.artifact.kind} on {self.device}>"
-
-    def validate(self, inputs: Any) -> Item:
-        return self.collator.validate(inputs)
-
-    def run(self, batch: list[Item]) -> list[Any]:
-        collated = self.collator.collate(batch)
-        with torch.inference_mode():
-            args = self._to_device(collated)
-            if self.device.type != "cuda":
-                return self.collator.split(self.module(*args), collated, len(batch))
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            outputs = self.module(*args)
-            end.record()
-            out = self.collator.split(outputs, collated, len(batch))
-        end.synchronize()
-        #: The last forward pass's GPU time: the executor reports it as device_ms.
-        self.last_device_ms = start.elapsed_time(end)
-        return out
-
-    def _to_device(self, batch: Batch) -> list[torch.Tensor]:
-        args = []
-        for tensor in batch.args:
-            if self.config.half and tensor.is_floating_point():
-                tensor = tensor.half()
-            if self.device.type == "cuda":
-                tensor = tensor.pin_memory().to(self.device, non_blocking=True)
-            args.append(tensor)
-        return args
-
-    def _warm_up(self) -> None:
-        try:
-            self.run([self.collator.example()])
-        except Exception as e:
-            raise ModelLoadError(
-                f"{self.config.directory}: warm-up forward pass failed: {type(e).__name__}: {e}"
-            ) from e
-
-
-def _load_module(config: ModelConfig, device: torch.device) -> torch.nn.Module:
-    artifact = config.artifact
-    where = artifact.path or artifact.weights or config.directory / "config.json"
-    try:
-        if artifact.kind == "torchscript":
-            module = torch.jit.load(str(artifact.path), map_location=device)
-        elif artifact.kind == "export":
-            module = torch.export.load(str(artifact.path)).module()
-        else:
-            module = _from_factory(config)
-    except ModelLoadError:
-        raise
-    except Exception as e:
-        raise ModelLoadError(
-            f"{where}: cannot load {artifact.describe()}: {type(e).__name__}: {e}"
-        ) from e
-    if hasattr(module, "eval") and artifact.kind != "export":
-        module.eval()
-    module = module.to(device)
-    return module.half() if config.half else module
-
-
-def _from_factory(config: ModelConfig) -> torch.nn.Module:
-    artifact = config.artifact
-    module_name, _, function = artifact.factory.partition(":")
-    try:
-        build = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as e:
-        missing = getattr(e, "name", None) or ""
-        hint = f"; install it with {install_hint(extra)}" if (extra := extra_of(missing)) else ""
-        error = ModelLoadError(
-            f"{config.directory / 'config.json'}: factory {artifact.factory!r} not found: {e}"
-            + hint
-        )
-        error.extra = extra
-        raise error from e
-    module = build(config)
-    if artifact.weights:
-        from safetensors.torch import load_file
-
-        try:
-            state = load_file(str(artifact.weights))
-        except Exception as e:
-            raise ModelLoadError(f"{artifact.weights}: not a safetensors file: {e}") from e
-        result = module.load_state_dict(state, strict=False)
-        if result.missing_keys:
-            raise ModelLoadError(f"{artifact.weights}: no weights for {result.missing_keys}")
-        if result.unexpected_keys:
-            log.info("%s: ignored weights %s", artifact.weights, result.unexpected_keys)
-    return module
-
-
 def check(repository: Repository, device: str | None = None) -> list[dict[str, Any]]:
-    """Load every model version in the repository; one row each, with the error if any."""
+    """Check every model version in the repository; one row each, with the error if any.
+    With the worker extra each one is loaded and warmed up; without it, only its config
+    is checked, and the row says which extra loading needs."""
+    loads = installed("worker")
     rows = []
     for path in repository.configs():
         ref = f"{path.parent.parent.name}:{path.parent.name}"
@@ -208,7 +82,12 @@ def check(repository: Repository, device: str | None = None) -> list[dict[str, A
                 outputs="; ".join(s.describe() for s in config.outputs),
                 batch=f"{config.max_batch_size} / {config.max_wait_ms:g} ms",
             )
-            RepoModel(config, device=device or config.device)
+            if loads:
+                from tandem.workers.models.loading import RepoModel
+
+                RepoModel(config, device=device or config.device)
+            else:
+                row["status"] = "config ok; not loaded"
         except (ModelLoadError, MissingExtra) as e:
             if e.extra:  # not broken: this install lacks an optional extra
                 row["status"] = f"needs the {e.extra} extra: {install_hint(e.extra)}"

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tandem.broker.errors import BadInput
-from tandem.workers.models.repository import pick_device
+from tandem.workers.models.loading import pick_device
 
 IN_FEATURES = 8
 OUT_FEATURES = 4
