@@ -260,8 +260,9 @@ def models(directory, device) -> None:
     console = Console(width=160)
     console.print(table)
     if rows and not installed("worker"):
+        hint = install_hint("worker")
         console.print(
-            escape(f"Configs checked, models not loaded: loading needs the worker extra, {install_hint('worker')}")
+            escape(f"Configs checked, models not loaded: loading needs the worker extra, {hint}")
         )
     if not rows:
         raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
