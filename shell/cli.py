@@ -266,7 +266,10 @@ def models(directory, device) -> None:
         )
     if not rows:
         raise click.ClickException(f"no NAME/VERSION/config.json under {repository.root}")
-    if any(row["status"].startswith("error") for row in rows):
+    broken = [row for row in rows if row["status"].startswith("error")]
+    for row in broken:  # each in one line, unwrapped: what a user reads and greps
+        click.echo(f"{row['model']}: {row['status']}", err=True)
+    if broken:
         sys.exit(1)  # a broken model; one that needs an extra this install lacks is not
 
 

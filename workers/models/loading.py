@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import zipfile
 from typing import Any
 
 import torch
@@ -89,12 +90,76 @@ class RepoModel:
         return args
 
     def _warm_up(self) -> None:
-        try:
-            self.run([self.collator.example()])
-        except Exception as e:
-            raise ModelLoadError(
-                f"{self.config.directory}: warm-up forward pass failed: {type(e).__name__}: {e}"
-            ) from e
+        """One forward pass of one example item, then of two (a fixed batch size shows
+        there); the outputs are checked against the config's: count, dtype and shape."""
+        sizes = (1, 2) if self.max_batch_size > 1 else (1,)
+        for size in sizes:
+            batch = self.collator.collate([self.collator.example() for _ in range(size)])
+            try:
+                with torch.inference_mode():
+                    outputs = self.module(*self._to_device(batch))
+            except Exception as e:
+                where = self.config.artifact.path or self.config.directory
+                raise ModelLoadError(
+                    f"{where}: warm-up forward pass of {size} failed: "
+                    f"{_first_line(e)}{_batch_hint(self.config, e)}"
+                ) from e
+            problem = check_outputs(self.config, outputs, size)
+            if problem:
+                raise ModelLoadError(f"{self.config.directory / 'config.json'}: {problem}")
+
+
+def check_outputs(config: ModelConfig, outputs: Any, size: int) -> str | None:
+    """What differs between a batch's outputs and the config's declared ones, or None."""
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    if isinstance(outputs, dict):
+        names = [s.name for s in config.outputs]
+        if sorted(outputs) != sorted(names):
+            return f"the model returns outputs {sorted(outputs)}, the config declares {names}"
+        outputs = tuple(outputs[n] for n in names)
+    if not isinstance(outputs, (tuple, list)) or not all(
+        isinstance(t, torch.Tensor) for t in outputs
+    ):
+        return f"the model returns {type(outputs).__name__}, not tensors"
+    if len(outputs) != len(config.outputs):
+        return (
+            f"the model returns {len(outputs)} outputs, the config declares {len(config.outputs)}"
+        )
+    for spec, tensor in zip(config.outputs, outputs, strict=True):
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        wanted = {spec.dtype} | ({"float16", "bfloat16"} if config.half else set())
+        if dtype not in wanted:
+            return f"output {spec.name} is {dtype}, the config declares {spec.dtype}"
+        got = list(tensor.shape)
+        declared = [size, *spec.shape]
+        if len(got) != len(declared) or any(
+            d not in (-1, g) for d, g in zip(declared, got, strict=True)
+        ):
+            shown = ", ".join("*" if d == -1 else str(d) for d in spec.shape)
+            return (
+                f"output {spec.name} has shape {got[1:]} per item (batch of {size}: {got}), "
+                f"the config declares [{shown}]"
+            )
+    return None
+
+
+def _first_line(e: Exception) -> str:
+    """An exception in one line: TorchScript's own traceback is left out."""
+    text = str(e).strip()
+    lines = [x for x in text.splitlines() if x.strip()]
+    last = lines[-1].strip() if lines else ""
+    return f"{type(e).__name__}: {last}"
+
+
+def _batch_hint(config: ModelConfig, e: Exception) -> str:
+    if config.artifact.kind == "export" and ("Guard failed" in str(e) or "size()[0]" in str(e)):
+        return (
+            "; the model was exported for a fixed batch size: export it with a dynamic "
+            "batch dimension, torch.export.export(model, args, "
+            f"dynamic_shapes={{{config.inputs[0].name!r}: {{0: torch.export.Dim('batch')}}}})"
+        )
+    return ""
 
 
 def _load_module(config: ModelConfig, device: torch.device) -> torch.nn.Module:
@@ -102,6 +167,12 @@ def _load_module(config: ModelConfig, device: torch.device) -> torch.nn.Module:
     where = artifact.path or artifact.weights or config.directory / "config.json"
     try:
         if artifact.kind == "torchscript":
+            if _saved_not_scripted(artifact.path):
+                raise ModelLoadError(
+                    f"{artifact.path}: a torch.save file (a state dict or a pickled module), "
+                    "not TorchScript: save it with torch.jit.save(torch.jit.script(model), "
+                    "'model.pt'), or load weights with {factory, weights}"
+                )
             module = torch.jit.load(str(artifact.path), map_location=device)
         elif artifact.kind == "export":
             module = torch.export.load(str(artifact.path)).module()
@@ -117,6 +188,16 @@ def _load_module(config: ModelConfig, device: torch.device) -> torch.nn.Module:
         module.eval()
     module = module.to(device)
     return module.half() if config.half else module
+
+
+def _saved_not_scripted(path) -> bool:
+    """A torch.save archive holds data.pkl and no code/; a TorchScript one holds code/.
+    Read from the zip's names alone, so nothing is unpickled."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    return any(n.endswith("/data.pkl") for n in names) and not any("/code/" in n for n in names)
 
 
 def _from_factory(config: ModelConfig) -> torch.nn.Module:

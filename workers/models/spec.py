@@ -15,10 +15,12 @@ feeds the token ids. "mask" is null, "attention_mask" or "lengths". "artifact"
 is "model.pt" (TorchScript), "model.pt2" (torch.export), or
 {"factory": "module:function", "weights": "model.safetensors"}. A path may be
 "pkg:PACKAGE/relative/path" for files shipped inside an installed package.
+"parameters" holds a factory's own settings; any key not listed here is refused.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import math
@@ -78,7 +80,8 @@ class ModelConfig:
     mask: str | None = None
     device: str = "auto"
     half: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Free-form settings for a factory (Triton's name for them), e.g. minilm's bert_config.
+    parameters: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -120,9 +123,42 @@ def load_config(path: Path) -> ModelConfig:
         raise error from e
 
 
-def _parse(raw: dict, path: Path) -> ModelConfig:
+#: The keys a config, a tensor and a factory artifact may have; any other is refused, as
+#: Triton refuses one (a typo would otherwise run with the default, silently).
+KEYS = {
+    "config": (
+        "max_batch_size",
+        "max_wait_ms",
+        "max_queue",
+        "slo_ms",
+        "inputs",
+        "outputs",
+        "padding_value",
+        "mask",
+        "device",
+        "half",
+        "artifact",
+        "parameters",
+    ),
+    "tensor": ("name", "dtype", "shape", "max_length", "tokenizer"),
+    "artifact": ("factory", "weights"),
+}
+
+
+def _known(raw: Any, kind: str, where: str) -> None:
     if not isinstance(raw, dict):
-        raise TypeError("the config must be a JSON object")
+        raise TypeError(f"{where} must be a JSON object, got {type(raw).__name__}")
+    for key in raw:
+        if key not in KEYS[kind]:
+            close = difflib.get_close_matches(str(key), KEYS[kind], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown key {key!r} in {where}{hint}; known: {', '.join(KEYS[kind])}"
+            )
+
+
+def _parse(raw: dict, path: Path) -> ModelConfig:
+    _known(raw, "config", "the config")
     directory = path.parent
     inputs = tuple(_tensor(t, directory, "inputs") for t in raw["inputs"])
     outputs = tuple(_tensor(t, directory, "outputs") for t in raw["outputs"])
@@ -137,19 +173,9 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
     slo_ms = float(raw.get("slo_ms", 0.0))
     if not math.isfinite(slo_ms) or slo_ms < 0:
         raise ValueError(f"slo_ms must be a finite number >= 0, got {raw.get('slo_ms')!r}")
-    known = {
-        "max_batch_size",
-        "max_wait_ms",
-        "max_queue",
-        "slo_ms",
-        "inputs",
-        "outputs",
-        "padding_value",
-        "mask",
-        "device",
-        "half",
-        "artifact",
-    }
+    parameters = raw.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise TypeError(f"parameters must be a JSON object, got {type(parameters).__name__}")
     return ModelConfig(
         name=directory.parent.name,
         version=directory.name,
@@ -165,11 +191,12 @@ def _parse(raw: dict, path: Path) -> ModelConfig:
         mask=mask,
         device=str(raw.get("device", "auto")),
         half=bool(raw.get("half", False)),
-        extra={k: v for k, v in raw.items() if k not in known},
+        parameters=parameters,
     )
 
 
 def _tensor(raw: dict, directory: Path, where: str) -> TensorSpec:
+    _known(raw, "tensor", f"a tensor of {where}")
     name = raw["name"]
     tokenizer = raw.get("tokenizer")
     dtype = "int64" if tokenizer else raw["dtype"]
@@ -205,6 +232,7 @@ def _artifact(raw: Any, directory: Path) -> Artifact:
         if not path.is_file():
             raise FileNotFoundError(f"artifact {path} does not exist")
         return Artifact(kind=kind, path=path)
+    _known(raw, "artifact", "artifact")
     factory = raw["factory"]
     if ":" not in factory:
         raise ValueError(f"factory must be 'module:function', got {factory!r}")
