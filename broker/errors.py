@@ -98,3 +98,10 @@ class PoisonMessage(TandemError):
 
 class ExecutorCrashed(TandemError):
     """An executor's own thread failed (its returner, a bug); it restarts in place."""
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line, `Type: message`; of a multi-line message (a TorchScript
+    traceback, say) the last line, which names what went wrong."""
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__

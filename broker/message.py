@@ -111,6 +111,35 @@ def encode(
     return task_id, envelope
 
 
+def encode_checked(
+    model: str,
+    inputs: Any,
+    *,
+    queue: str,
+    task_id: str,
+    priority: int,
+    expires: datetime | None,
+    binary: bool,
+    limit: int,
+) -> str:
+    """encode(), for a producer: inputs that cannot be sent, or a message over `limit`
+    bytes, raise BadInput saying which."""
+    try:
+        _, envelope = encode(
+            model, inputs, queue=queue, task_id=task_id, priority=priority,
+            expires=expires, binary=binary,
+        )  # fmt: skip
+    except ValueError as e:  # JSON's own refusal: NaN or infinity
+        kind = "the tensor payload" if binary else "JSON (NaN and infinity are not JSON)"
+        raise BadInput(f"inputs cannot be sent as {kind}: {e}") from e
+    except TypeError as e:  # a value of no JSON type: a set, bytes, an object
+        kind = "the tensor payload" if binary else "JSON"
+        raise BadInput(f"inputs cannot be sent as {kind}: {e}") from e
+    if len(envelope) > limit:
+        raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
+    return envelope
+
+
 @functools.lru_cache(maxsize=1024)
 def _quoted(model: str, queue: str) -> tuple[str, str]:
     """The envelope's kwargsrepr and routing key as JSON strings: once per model."""

@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from celery import states
 
 from tandem.broker import keys, message, reads
-from tandem.broker.errors import BadArgument, BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
 from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
@@ -137,15 +137,10 @@ class AsyncClient:
         limit = self.settings.max_message_bytes
         for value in inputs:
             task_id = self._new_id()
-            try:
-                _, envelope = message.encode(
-                    model, value, queue=queue, task_id=task_id, priority=priority,
-                    expires=expires, binary=binary,
-                )  # fmt: skip
-            except (TypeError, ValueError) as e:
-                raise BadInput(f"inputs cannot be sent: {e}") from e
-            if len(envelope) > limit:
-                raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
+            envelope = message.encode_checked(
+                model, value, queue=queue, task_id=task_id, priority=priority,
+                expires=expires, binary=binary, limit=limit,
+            )  # fmt: skip
             ids.append(task_id)
             envelopes.append(envelope)
         loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ from celery.result import AsyncResult, assert_will_not_block
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
-from tandem.broker.errors import BadArgument, BadInput, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
 from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings, load_settings
 from tandem.broker.table import Table
@@ -297,22 +297,16 @@ class Client:
         task_id = task_id or self.listener.new_id()
         if binary is None:
             binary = _holds_tensors(inputs)
-        try:
-            task_id, envelope = message.encode(
-                model,
-                inputs,
-                queue=keys.l1(model),
-                task_id=task_id,
-                priority=priority,
-                expires=expires,
-                binary=binary,
-            )
-        except (TypeError, ValueError) as e:
-            kind = "tensor payload" if binary else "JSON (NaN and infinity are not JSON)"
-            raise BadInput(f"inputs cannot be sent as {kind}: {e}") from e
-        limit = self.settings.max_message_bytes
-        if len(envelope) > limit:
-            raise BadInput(f"message of {len(envelope)} bytes is over the {limit}-byte limit")
+        envelope = message.encode_checked(
+            model,
+            inputs,
+            queue=keys.l1(model),
+            task_id=task_id,
+            priority=priority,
+            expires=expires,
+            binary=binary,
+            limit=self.settings.max_message_bytes,
+        )
         return task_id, envelope
 
     def _expect(self, task_ids: list[str]) -> None:

@@ -151,9 +151,20 @@ def coordinator(**flags) -> None:
     help="Seconds the answer is worth waiting for: refused at once (Overloaded) or failed "
     "unrun (DeadlineExceeded) when it would come later (default: the model's slo_ms).",
 )
-@click.option("--timeout-s", type=float, default=60.0, help="How long to wait for the result.")
+@click.option(
+    "--timeout-s",
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the result.",
+)
 def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> None:
-    """Submit one task and print its result as JSON."""
+    """Submit one task and print its result as JSON. A task that fails, or no result in
+    --timeout seconds, is one line on stderr and exit 1."""
+    from celery.exceptions import TimeoutError as NoResult
+
+    from tandem.broker.errors import one_line
     from tandem.producers.client import Client
 
     try:
@@ -162,7 +173,12 @@ def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> No
         raise click.BadParameter(f"not JSON: {e}", param_hint="INPUTS_JSON") from e
     with Client(settings=_settings(redis_url=redis_url)) as client:
         result = client.submit(model, inputs, priority=priority, deadline_s=deadline_s)
-        value = result.get(timeout=timeout_s)
+        try:
+            value = result.get(timeout=timeout_s)
+        except NoResult:
+            _fail(f"no result for task {result.id} in {timeout_s:g} s; {_waiting(client, model)}")
+        except Exception as e:  # noqa: BLE001 - the task's own error, as Celery raises it
+            _fail(f"task {result.id} failed: {one_line(e)}")
     click.echo(
         json.dumps(
             {
@@ -172,6 +188,22 @@ def submit(redis_url, model, inputs_json, priority, deadline_s, timeout_s) -> No
                 "result": value,
             }
         )
+    )
+
+
+def _fail(text: str) -> None:
+    click.echo(f"error: {text}", err=True)
+    sys.exit(1)
+
+
+def _waiting(client, model: str) -> str:
+    """Where a task without a result stands: its model's L1 depth and live executors."""
+    model = client.resolve(model)
+    now = client.table.now_ms()
+    live = [x for x in client.table.executors(model) if x.expires_ms > now]
+    return (
+        f"{model} has {client.table.l1_depth(model)} task(s) in its first-level queue and "
+        f"{len(live)} live executor(s)" + ("" if live else ": start a worker (tandem worker)")
     )
 
 

@@ -98,8 +98,10 @@ def test_the_client_refuses_what_json_cannot_carry(served):
     client, _ = served
     with pytest.raises(BadInput, match="NaN and infinity are not JSON"):
         client.submit("tiny:1", [float("nan")] * 8)
-    with pytest.raises(BadInput, match="cannot be sent as JSON"):
+    with pytest.raises(BadInput, match="cannot be sent as JSON: ") as refused:
         client.submit("sim:1", {1, 2})
+    assert "set is not JSON serializable" in str(refused.value)
+    assert "NaN" not in str(refused.value)  # a set is not a NaN
 
 
 def test_a_huge_number_of_tiny_tasks(processes, settings, r):

@@ -10,7 +10,7 @@ import pytest
 import redis
 import torch
 
-from helpers import start_up, tandem
+from helpers import start_up, tandem, wait_until
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 
@@ -99,3 +99,34 @@ def test_status_prints_names_with_brackets_as_they_are():
     console = Console(record=True, width=200)
     console.print(tables(data))
     assert "w[embed]@h/sim:1/ab12" in console.export_text()
+
+
+def test_submit_without_a_live_executor_is_one_line_with_the_task_and_the_queue(
+    processes, settings, r
+):
+    worker = processes.worker("w1")
+    worker.kill()  # SIGKILL: its executor stays registered until its heartbeat lapses
+    worker.wait()
+    table = Table(r)
+    wait_until(
+        lambda: all(x.expires_ms < table.now_ms() for x in table.executors("sim:1")),
+        10,
+        "the dead executor's heartbeat to lapse",
+    )
+    done = tandem("submit", "sim:1", "[1]", "--timeout", "1", redis_url=settings.redis_url)
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert re.fullmatch(
+        r"error: no result for task [0-9a-f-]{36} in 1 s; sim:1 has 1 task\(s\) in its "
+        r"first-level queue and 0 live executor\(s\): start a worker \(tandem worker\)",
+        line,
+    ), line
+
+
+def test_a_failed_task_is_one_line_with_its_id(processes, settings, tmp_path):
+    """The task's own error in its last line, not a whole (TorchScript) traceback."""
+    processes.worker("w1", models=("tiny:1",))
+    done = tandem("submit", "tiny:1", "[1, 2]", redis_url=settings.redis_url)  # not 8 numbers
+    assert done.returncode == 1, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert re.match(r"error: task [0-9a-f-]{36} failed: \w+: ", line), line

@@ -21,6 +21,7 @@ from tandem.broker.errors import BadInput, ModelError, ModelLoadError
 from tandem.broker.table import Table
 from tandem.producers import client as client_module
 from tandem.producers.client import Client
+from tandem.workers.models.collate import Collator
 from tandem.workers.models.loading import RepoModel
 from tandem.workers.models.repository import Repository, check
 from tandem.workers.models.spec import load_config
@@ -371,10 +372,11 @@ def test_json_inputs_convert_without_loss(tmp_path, dtype, value, expected):
         ("float32", [True, False], "dtype bool, expected float32"),
         ("float32", [[1.0], [2.0, 3.0]], "not a rectangular array"),
         ("float32", "12", "got str"),
+        ("int64", [], "input x: shape [0], expected x: int64[2]"),  # not "dtype float32"
+        ("int64", {"toks": [1, 2]}, "unknown inputs ['toks']; expected ['x: int64[2]']"),
     ],
 )
 def test_json_inputs_that_would_lose_meaning_are_refused(tmp_path, dtype, value, error):
-    from tandem.workers.models.collate import Collator
 
     with pytest.raises(BadInput, match=re.escape(error)):
         Collator(_spec_config(tmp_path, dtype)).validate(value)
@@ -391,3 +393,17 @@ def _spec_config(tmp_path, dtype):
         },
     )
     return load_config(folder / "config.json")
+
+
+def test_an_empty_variable_input_is_called_empty(tmp_path):
+    folder = write_model(
+        tmp_path,
+        "clf:1",
+        {
+            "inputs": [{"name": "tokens", "dtype": "int64", "shape": [-1], "max_length": 8}],
+            "outputs": [{"name": "y", "dtype": "float32", "shape": [1]}],
+            "artifact": {"factory": "model_factories:linear"},
+        },
+    )
+    with pytest.raises(BadInput, match="input tokens: empty along a variable dimension"):
+        Collator(load_config(folder / "config.json")).validate([])

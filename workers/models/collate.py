@@ -51,8 +51,8 @@ class Collator:
 
     def validate(self, inputs: Any) -> Item:
         specs = self.config.inputs
-        if len(specs) == 1 and not (isinstance(inputs, dict) and specs[0].name in inputs):
-            inputs = {specs[0].name: inputs}
+        if len(specs) == 1 and not isinstance(inputs, dict):
+            inputs = {specs[0].name: inputs}  # a dict is by name: no tensor is a dict
         if not isinstance(inputs, dict):
             names = ", ".join(s.name for s in specs)
             raise BadInput(f"inputs must be an object with {names}")
@@ -151,6 +151,8 @@ def _from_json(spec: TensorSpec, value: Any) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as e:
         raise BadInput(f"input {spec.name}: not a rectangular array of numbers ({e})") from e
     target = getattr(torch, spec.dtype)
+    if tensor.numel() == 0:
+        return tensor.to(target)  # [] has no dtype of its own: its shape is the problem
     if tensor.dtype == target or tensor.dtype == torch.bool or target == torch.bool:
         return tensor  # equal, or a mismatch the caller reports
     if target.is_floating_point:

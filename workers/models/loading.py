@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tandem.broker.errors import BadSetting, ModelLoadError
+from tandem.broker.errors import BadSetting, ModelLoadError, one_line
 from tandem.broker.extras import extra_of, install_hint
 from tandem.workers.models.collate import Batch, Collator, Item
 from tandem.workers.models.spec import ModelConfig
@@ -102,7 +102,7 @@ class RepoModel:
                 where = self.config.artifact.path or self.config.directory
                 raise ModelLoadError(
                     f"{where}: warm-up forward pass of {size} failed: "
-                    f"{_first_line(e)}{_batch_hint(self.config, e)}"
+                    f"{one_line(e)}{_batch_hint(self.config, e)}"
                 ) from e
             problem = check_outputs(self.config, outputs, size)
             if problem:
@@ -142,14 +142,6 @@ def check_outputs(config: ModelConfig, outputs: Any, size: int) -> str | None:
                 f"the config declares [{shown}]"
             )
     return None
-
-
-def _first_line(e: Exception) -> str:
-    """An exception in one line: TorchScript's own traceback is left out."""
-    text = str(e).strip()
-    lines = [x for x in text.splitlines() if x.strip()]
-    last = lines[-1].strip() if lines else ""
-    return f"{type(e).__name__}: {last}"
 
 
 def _batch_hint(config: ModelConfig, e: Exception) -> str:
