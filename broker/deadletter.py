@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 import redis
 
-from tandem.broker import keys
+from tandem.broker import keys, message
 from tandem.broker.errors import TandemError
 
 #: Longest raw message a record keeps.
@@ -64,7 +64,24 @@ class DeadLetter:
     model: str | None = None
     executors: tuple[str, ...] = ()
     at: str = ""
-    raw: bytes | None = field(default=None, repr=False)  # None: not requeueable
+    raw: bytes | None = field(default=None, repr=False)  # None: not kept whole
+
+    @property
+    def blocked(self) -> str | None:
+        """Why requeueing it would not serve it, or None if it can be requeued."""
+        if self.raw is None:
+            return "its message was not kept whole"
+        if not self.model:
+            return "it names no model"
+        try:
+            keys.parse_model(self.model)
+        except ValueError as e:
+            return str(e)
+        task = message.decode(self.raw, max_bytes=len(self.raw) + 1)
+        if task.id is None:  # a worker would dead-letter it again at once
+            reason = f" ({task.error})" if task.error else ""
+            return f"its message carries no usable task id{reason}"
+        return None
 
     def row(self) -> dict:
         return {
@@ -73,7 +90,7 @@ class DeadLetter:
             "reason": self.reason,
             "executors": list(self.executors),
             "at": self.at,
-            "requeueable": self.raw is not None,
+            "requeueable": self.blocked is None,
         }
 
 
@@ -137,13 +154,7 @@ def purge(client: redis.Redis) -> int:
 def requeue(table, letter: DeadLetter) -> str:
     """Submit a dead letter's message again by the two-level rule, with a fresh delivery
     count, and drop the letter. Returns where it went; raises TandemError if it cannot."""
-    if letter.raw is None:
-        raise TandemError("its message was not kept whole, so it cannot be requeued")
-    if not letter.model:
-        raise TandemError("it names no model")
-    try:
-        keys.parse_model(letter.model)
-    except ValueError as e:
-        raise TandemError(str(e)) from e
+    if letter.blocked:
+        raise TandemError(f"{letter.blocked}, so requeueing it would not serve it")
     chosen = table.requeue(letter.model, letter.raw, letter.stored)
     return f"L2 of {chosen}" if chosen else f"L1 of {letter.model}"

@@ -256,7 +256,8 @@ def dead(redis_url, limit, requeue, purge, as_json) -> None:
     if not requeue:
         click.echo(f"{total} dead letters" + (f", the newest {len(letters)}:" if total else ""))
         for x in letters:
-            click.echo(f"  {x.at[:19]}  {x.id or '(no id)'}  {x.model or '-'}  {x.reason}")
+            kept = f"  (not requeueable: {x.blocked})" if x.blocked else ""
+            click.echo(f"  {x.at[:19]}  {x.id or '(no id)'}  {x.model or '-'}  {x.reason}{kept}")
         return
     table, failed = Table(client, settings), 0
     for x in letters:

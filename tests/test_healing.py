@@ -112,15 +112,21 @@ def test_dead_letters_can_be_listed_requeued_and_purged(processes, settings, r):
     reasons = [x["reason"] for x in listed["letters"]]
     assert reasons[0].startswith("unreadable dead-letter record")
     assert reasons[1:] == ["BadInput: junk", "PoisonMessage: test"]
+    # Only a message a worker can serve is requeueable: junk without an id would be
+    # dead-lettered again at once.
+    assert [x["requeueable"] for x in listed["letters"]] == [False, False, True]
+    assert "(not requeueable: its message carries no usable task id" in dead_cli(settings)
     from helpers import tandem
 
     requeued = tandem("dead", "--requeue", redis_url=settings.redis_url)
-    assert requeued.returncode == 1  # one letter could not be requeued, and says why
+    assert requeued.returncode == 1  # two letters could not be requeued, and say why
     assert f"requeued {task_id} to" in requeued.stdout
-    assert "kept (no id): its message was not kept whole" in requeued.stderr
+    kept = requeued.stderr.splitlines()
+    assert "kept (no id): its message was not kept whole" in kept[0]
+    assert "kept (no id): its message carries no usable task id" in kept[1]
     with Client(settings=settings) as client:
         assert client.app.AsyncResult(task_id).get(timeout=30) == [5]
-    assert deadletter.count(r) == 2  # the unreadable one, and the junk (dead again or kept)
+    assert deadletter.count(r) == 2  # the two kept; nothing was dead-lettered again
     assert "purged" in dead_cli(settings, "--purge")
     assert deadletter.count(r) == 0
 
