@@ -19,10 +19,29 @@ from tandem.discovery import STACK_FILE, stack_url
 DEFAULTS = Settings()
 
 
+#: Set when a command took the default Redis URL: nothing named one and no `tandem up`
+#: runs in this folder. A Redis that cannot be reached is then explained.
+_DEFAULT_URL_NOTE: list[str] = []
+
+
 def _settings(**flags):
     """Settings for a command that joins a stack: --redis, TANDEM_REDIS_URL, else the
     Redis of a `tandem up` running in this folder (its .tandem/stack.json), else localhost."""
-    return load_settings(fallback_url=lambda: stack_url(STACK_FILE), **flags)
+    found: list[str] = []
+
+    def from_stack() -> str | None:
+        url = stack_url(STACK_FILE)
+        found.append(url or "")
+        return url
+
+    settings = load_settings(fallback_url=from_stack, **flags)
+    if found == [""]:  # it looked for a stack and found none running
+        stale = " (its .tandem/stack.json is from one that stopped)" if STACK_FILE.exists() else ""
+        _DEFAULT_URL_NOTE[:] = [
+            f"no `tandem up` runs in this folder{stale}, and neither --redis nor "
+            f"TANDEM_REDIS_URL names a Redis, so this tried {settings.redis_url}"
+        ]
+    return settings
 
 
 def redis_option(f):
@@ -409,11 +428,21 @@ def run() -> None:
     try:
         main(standalone_mode=True)
     except TandemError as e:
-        click.echo(f"error: {type(e).__name__}: {e}", err=True)
+        click.echo(f"error: {type(e).__name__}: {e}{_default_url_note(e)}", err=True)
         sys.exit(1)
     except (redis.ConnectionError, redis.TimeoutError) as e:
-        click.echo(f"error: BrokerUnavailable: cannot reach Redis: {e}", err=True)
+        click.echo(
+            f"error: BrokerUnavailable: cannot reach Redis: {e}{_default_url_note()}", err=True
+        )
         sys.exit(1)
+
+
+def _default_url_note(error: Exception | None = None) -> str:
+    from tandem.broker.errors import BrokerUnavailable
+
+    if _DEFAULT_URL_NOTE and (error is None or isinstance(error, BrokerUnavailable)):
+        return f"; {_DEFAULT_URL_NOTE[0]}"
+    return ""
 
 
 if __name__ == "__main__":

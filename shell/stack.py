@@ -35,22 +35,28 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log file, or a note that it is missing."""
+def log_tail(path: Path, lines: int = 15, start: int = 0) -> str:
+    """The last lines of a log file from byte `start` on (what this run wrote: logs are
+    appended across runs), or a note that it is missing."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except OSError as e:
         return f"(cannot read {path}: {e})"
-    return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+    return "\n".join(text.splitlines()[-lines:]) or "(this run wrote nothing to the log)"
 
 
 class Child(subprocess.Popen):
     """A process started by spawn(): a Popen that knows its name and its log file."""
 
-    def __init__(self, args: list[str], *, name: str, log_path: Path, **kwargs) -> None:
+    def __init__(
+        self, args: list[str], *, name: str, log_path: Path, log_start: int = 0, **kwargs
+    ) -> None:
         super().__init__(args, **kwargs)
         self.name = name
         self.log_path = log_path
+        self.log_start = log_start  # the log's size when this process started
 
     def exited(self) -> ProcessExited | None:
         """If the process has exited: an error naming it, with its exit code and log tail."""
@@ -58,8 +64,8 @@ class Child(subprocess.Popen):
         if code is None:
             return None
         return ProcessExited(
-            f"{self.name} exited with code {code}; the last lines of its log "
-            f"{self.log_path}:\n{log_tail(self.log_path)}"
+            f"{self.name} exited with code {code}; the last lines it wrote to its log "
+            f"{self.log_path}:\n{log_tail(self.log_path, start=self.log_start)}"
         )
 
     def check(self) -> None:
@@ -83,6 +89,7 @@ def spawn(
             [sys.executable, "-m", module, *args],
             name=name or log_path.stem,
             log_path=log_path,
+            log_start=log.tell(),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

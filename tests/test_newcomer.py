@@ -43,6 +43,10 @@ def test_commands_run_after_up_in_its_folder_find_its_redis(tmp_path):
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
         assert not (tmp_path / STACK_FILE).exists()
+        if port_is_free(6379):  # once up has stopped, status says no stack runs here
+            gone = tandem("status", cwd=tmp_path)
+            assert gone.returncode == 1
+            assert "no `tandem up` runs in this folder" in gone.stderr
     finally:
         if up.poll() is None:
             up.kill()
@@ -61,6 +65,8 @@ def test_a_stale_stack_file_is_ignored(tmp_path, redis_server):
         done = tandem("status", cwd=tmp_path)
         assert done.returncode == 1
         assert "cannot reach Redis" in done.stderr and "localhost:6379" in done.stderr
+        assert "(its .tandem/stack.json is from one that stopped)" in done.stderr
+        (line,) = done.stderr.strip().splitlines()
 
 
 def test_up_names_the_worker_that_died_and_exits_1(tmp_path):
@@ -76,13 +82,17 @@ def test_up_names_the_worker_that_died_and_exits_1(tmp_path):
     assert up.returncode == 1, out
     assert "error: ProcessExited: worker2 exited with code -9" in out
     assert (
-        "the last lines of its log" in out
+        "the last lines it wrote to its log" in out
         and str(STACK_FILE.parent / "logs" / "worker2.log") in out
     )
     assert "Traceback" not in out
 
 
 def test_demo_names_a_worker_that_cannot_start(tmp_path):
+    logs = tmp_path / STACK_FILE.parent / "logs"
+    logs.mkdir(parents=True)
+    for n in (1, 2):  # an earlier run's lines: logs are appended across runs
+        (logs / f"worker{n}.log").write_text("error: an earlier run's failure\n")
     done = tandem("demo", "--model", "nope:1", "--seconds", "1", cwd=tmp_path, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     # Both workers fail; whichever exits first is the one named.
@@ -90,6 +100,7 @@ def test_demo_names_a_worker_that_cannot_start(tmp_path):
     assert named, done.stderr
     assert "no model 'nope'" in done.stderr  # the tail of the worker's own log
     assert f".tandem/logs/{named.group(1)}.log" in done.stderr
+    assert "an earlier run's failure" not in done.stderr  # only what this run wrote
     assert "Traceback" not in done.stderr
 
 
