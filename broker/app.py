@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from tandem.broker import payload
+from tandem.broker import keys, payload
 from tandem.broker.errors import TandemError
 from tandem.broker.message import TASK_NAME
 from tandem.broker.settings import Settings
@@ -12,6 +12,21 @@ from tandem.broker.settings import Settings
 #: The queue the worker's ordinary Celery consumer listens on. It never holds
 #: inference tasks; those live in L1 and L2, which only executors read.
 CONTROL_QUEUE = "tandem.ctl"
+#: Where a task other than tandem.infer goes when nothing names its queue (a chain's next
+#: step published by an executor, say): Celery's own default, where ordinary workers read.
+DEFAULT_QUEUE = "celery"
+
+
+def route_infer(name, args, kwargs, options, task=None, **kw):
+    """A Celery task_routes entry: tandem.infer goes to the L1 queue of the model it
+    names, tandem.l1.NAME.VERSION, so no signature needs `queue=`."""
+    if name != TASK_NAME:
+        return None
+    model = (kwargs or {}).get("model") or (args[0] if args else None)
+    try:
+        return {"queue": keys.l1(model)}
+    except (ValueError, TypeError, AttributeError):
+        return None  # not NAME:VERSION: left to fail where it lands, with its own FAILURE
 
 
 def worker_argv(*, queue: str, hostname: str, loglevel: str, events: bool) -> list[str]:
@@ -43,7 +58,8 @@ def make_app(settings: Settings) -> Celery:
         result_serializer="json",
         accept_content=["json", payload.CONTENT_TYPE],
         result_accept_content=["json"],
-        task_default_queue=CONTROL_QUEUE,
+        task_default_queue=DEFAULT_QUEUE,
+        task_routes=(route_infer,),
         result_expires=settings.result_expires_s,
         result_extended=settings.result_extended,
         task_send_sent_event=settings.send_sent_event,

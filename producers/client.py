@@ -15,6 +15,7 @@ from celery.result import AsyncResult, assert_will_not_block
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
+from tandem.broker.discovery import stack_url
 from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
 from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings, load_settings
@@ -97,7 +98,9 @@ class Client:
     """Submit tasks to tandem. Thread-safe for submit; get() follows Celery's rules."""
 
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
-        self.settings = settings or load_settings(redis_url=redis_url)
+        """redis_url: else TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the
+        current folder (its .tandem/stack.json), else redis://localhost:6379/0."""
+        self.settings = settings or load_settings(redis_url=redis_url, fallback_url=stack_url)
         self.redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=10)
         self.table = Table(self.redis)
         self.app = make_app(self.settings)

@@ -11,9 +11,9 @@ import time
 
 import click
 
+from tandem.broker.discovery import STACK_FILE, stack_url
 from tandem.broker.errors import TandemError
 from tandem.broker.settings import Settings, load_settings, names_redis
-from tandem.discovery import STACK_FILE, stack_url
 
 #: The defaults, as every --help text states them.
 DEFAULTS = Settings()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import redis
 
+from tandem.broker.discovery import STACK_FILE, stack_url
 from tandem.broker.errors import ProcessExited, TandemError
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
-from tandem.discovery import STACK_FILE, stack_url
 from tandem.server import RedisServer
 
 

@@ -14,8 +14,8 @@ import redis
 
 from helpers import start_up, tandem, wait_until
 from tandem.broker import keys
+from tandem.broker.discovery import STACK_FILE, stack_url
 from tandem.broker.table import Table
-from tandem.discovery import STACK_FILE, stack_url
 from tandem.stack import spawn, stop_process
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from helpers import tandem
+from helpers import start_up, tandem
 from tandem.cli import main
 
 if sys.version_info >= (3, 11):
@@ -133,3 +135,58 @@ def test_every_link_in_the_repository_docs_stays_inside_it():
                     resolved = (ROOT / path).parent / target
                     assert resolved.exists(), f"{path} links to missing {target}"
                     assert ROOT in resolved.resolve().parents or resolved.resolve() == ROOT
+
+
+def python_blocks(*sections: str) -> list[str]:
+    """The python blocks of these README sections (### headings), in order."""
+    out = []
+    for heading in sections:
+        section = README.split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+        out += re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return out
+
+
+def test_the_python_and_celery_blocks_run_as_written_against_up(tmp_path):
+    """The README's `tandem up`, then its Python and Celery blocks as written, in the same
+    folder: the Client and the Celery app find up's Redis; the chain and the chord run
+    their next steps in docs/examples/myapp.py's worker, started as the README says."""
+    (tmp_path / "docs").symlink_to(ROOT / "docs")  # the README's paths, from this folder
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    up, _ = start_up(tmp_path, "--workers", "1")
+    (start_worker,) = [
+        b.strip() for b in code_blocks(README) if b.strip().startswith("PYTHONPATH=")
+    ]
+    worker = subprocess.Popen(
+        start_worker + " --pool solo --loglevel WARNING",
+        shell=True,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    blocks = python_blocks("From Python", "From any Celery client")
+    assert len(blocks) == 4
+    checks = """
+assert result.get(timeout=10) == [1]  # the Deadlines block submitted last
+assert [x.get(timeout=10) for x in results] == [[n] for n in range(100)]
+assert r.get(timeout=10) == {"a": 1}
+assert chain(infer, app.signature("myapp.total")).apply_async().get(timeout=30) == 6
+assert chord(header, app.signature("myapp.total")).apply_async().get(timeout=30) == 6
+print("all ran")
+"""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "\n".join(blocks) + checks],
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": "docs/examples"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and "all ran" in done.stdout, done.stdout + done.stderr
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+        up.send_signal(signal.SIGINT)
+        up.wait(60)

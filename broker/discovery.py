@@ -1,10 +1,14 @@
-"""How the commands run in a folder find the Redis of a `tandem up` running there."""
+"""How the commands, and a Client, run in a folder find the Redis of a `tandem up` running
+there."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+from tandem.broker.settings import DEFAULT_REDIS_URL
 
 #: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.
 STACK_FILE = Path(".tandem") / "stack.json"
@@ -21,3 +25,11 @@ def stack_url(stack_file: str | Path = STACK_FILE) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no file, a stale or foreign one: not a running stack
     return url
+
+
+def redis_url(env: Mapping[str, str] | None = None) -> str:
+    """The Redis URL tandem's commands use, for code of your own (a Celery app, say):
+    TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the current folder,
+    else redis://localhost:6379/0."""
+    env = os.environ if env is None else env
+    return env.get("TANDEM_REDIS_URL") or stack_url() or DEFAULT_REDIS_URL
