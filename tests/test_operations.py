@@ -29,14 +29,20 @@ def get_json(url: str):
 @pytest.fixture
 def flower(settings, r, tmp_path):
     port = free_port()
-    env = {**os.environ, "FLOWER_UNAUTHENTICATED_API": "true"}
+    # As compose runs it: the app of tandem.broker.celeryapp, its broker from TANDEM_REDIS_URL.
+    env = {
+        **os.environ,
+        "FLOWER_UNAUTHENTICATED_API": "true",
+        "TANDEM_REDIS_URL": settings.redis_url,
+    }
     log = open(tmp_path / "flower.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "celery",
-            f"--broker={settings.redis_url}",
+            "-A",
+            "tandem.broker.celeryapp",
             "flower",
             f"--port={port}",
             "--address=127.0.0.1",

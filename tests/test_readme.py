@@ -190,3 +190,17 @@ print("all ran")
         worker.wait(30)
         up.send_signal(signal.SIGINT)
         up.wait(60)
+
+
+def test_the_settings_table_lists_every_setting():
+    import dataclasses
+
+    from tandem.broker.settings import Settings
+
+    table = README.split("### Settings\n", 1)[1].split("\n## ", 1)[0]
+    missing = [
+        f"TANDEM_{f.name.upper()}"
+        for f in dataclasses.fields(Settings)
+        if f"`TANDEM_{f.name.upper()}`" not in table
+    ]
+    assert not missing, f"the README's settings table lacks {missing}"

@@ -86,6 +86,7 @@ class Executors(bootsteps.StartStopStep):
             interval_s=settings.heartbeat_s,
             ttl_s=settings.heartbeat_ttl_s,
             on_hung=self._hung,
+            ready_file=settings.ready_file,
         ).start()
 
     def _give_up(self, executor: Executor) -> None:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from tandem.broker.retry import Backoff, retry
 from tandem.broker.table import Table
@@ -31,6 +32,7 @@ class Heartbeat:
         interval_s: float,
         ttl_s: float,
         on_hung: Callable[[Executor], None] | None = None,
+        ready_file: str = "",
     ) -> None:
         self.table = table
         self.executors = executors
@@ -38,6 +40,7 @@ class Heartbeat:
         self._backoff = Backoff(first_s=interval_s, cap_s=interval_s)  # a failed beat: next beat
         self.ttl_ms = int(ttl_s * 1000)
         self.on_hung = on_hung
+        self.ready_file = Path(ready_file) if ready_file else None
         self.beats = 0
         self._stalled: set[str] = set()
         self._stop = threading.Event()
@@ -53,6 +56,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self._mark_ready(False)
 
     def beat(self) -> None:
         """Refresh every executor that is alive and making progress."""
@@ -75,11 +79,24 @@ class Heartbeat:
                 self._stalled.discard(executor.id)
             if executor.alive and not stuck:
                 live.append(executor.id)
-        self.table.heartbeat(live, self.ttl_ms)
+        gone = self.table.heartbeat(live, self.ttl_ms)
+        self._mark_ready(len(live) == len(self.executors) and not gone)
         revocations = self.table.revocations() > 0
         for executor in self.executors:
             executor.revocations = revocations
         self.beats += 1
+
+    def _mark_ready(self, ready: bool) -> None:
+        """Touch the ready file after a beat of every executor; remove it otherwise."""
+        if self.ready_file is None:
+            return
+        try:
+            if ready:
+                self.ready_file.write_text(f"{time.time():.3f}\n")
+            else:
+                self.ready_file.unlink(missing_ok=True)
+        except OSError as e:
+            log.error("cannot update the ready file %s: %s", self.ready_file, e)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
