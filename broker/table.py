@@ -150,7 +150,8 @@ class Table(Reads, Revocations):
             try:
                 replies = self.scripts.route(**call)
             except redis.ResponseError as e:
-                raise _partial(convert_error(e), out) from e
+                error = convert_error(e)  # a refusal says it all: no Redis error chained
+                raise _partial(error, out) from (None if isinstance(error, UnknownModel) else e)
             except DISCONNECTS as e:
                 raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
             out.extend(routed_reply(model, r) for r in replies)
@@ -190,7 +191,8 @@ class Table(Reads, Revocations):
         except redis.ResponseError as e:
             if str(e).startswith("NO_LETTER"):
                 raise TandemError(str(e).removeprefix("NO_LETTER ")) from None
-            raise convert_error(e) from e
+            error = convert_error(e)
+            raise error from (None if isinstance(error, UnknownModel) else e)
         except DISCONNECTS as e:
             raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
         routed = routed_reply(model, reply)

@@ -134,3 +134,35 @@ def test_a_factory_reads_its_own_settings_from_parameters(tmp_path):
     config = {**IO, "artifact": {"factory": "x:y"}, "parameters": {"bert_config": "c.json"}}
     (folder / "config.json").write_text(json.dumps(config))
     assert load_config(folder / "config.json").parameters == {"bert_config": "c.json"}
+
+
+class TwoLogits(torch.nn.Module):
+    """tokens [B, L] int64 and attention_mask [B, L]: 2 logits per item."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(1000, 4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(tokens) * mask.unsqueeze(-1)
+        return self.head(hidden.sum(1) / mask.sum(1, keepdim=True))
+
+
+def test_the_readme_config_example_loads_as_written(tmp_path):
+    """The README's config.json, with a TorchScript model of that signature, passes every
+    check (keys, warm-up outputs) and serves."""
+    import re
+
+    from tandem.workers.models.loading import RepoModel
+    from tandem.workers.models.spec import load_config
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (example,) = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    folder = tmp_path / "clf" / "1"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(example)
+    torch.jit.script(TwoLogits().eval()).save(str(folder / "model.pt"))
+    model = RepoModel(load_config(folder / "config.json"), device="cpu")
+    (out,) = model.run([model.validate([1, 2, 3])])
+    assert len(out) == 2

@@ -150,8 +150,10 @@ def test_malformed_and_pickle_messages_fail_clearly(processes, client, r):
 
 def test_submitting_to_an_unknown_model_raises_and_enqueues_nothing(processes, client, r):
     processes.worker("w1")
-    with pytest.raises(UnknownModel, match="no worker serves resnet:1"):
+    with pytest.raises(UnknownModel, match="no worker serves resnet:1") as refused:
         client.submit("resnet:1", [1])
+    # The refusal says it all: no Redis error chained under it in a traceback.
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
     assert Table(r).l1_depth("resnet:1") == 0
     with pytest.raises(ValueError, match="NAME:VERSION"):
         client.submit("no-version", [1])
