@@ -128,3 +128,23 @@ def test_the_image_copies_every_folder_the_package_maps():
         if line.startswith("COPY ") and len(line.split()) == 3
     }
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
+
+
+def test_the_readme_snippet_for_your_own_models_fits_a_worker(compose):
+    """README, "Your own models": the lines to add to x-worker mount a repository and
+    point TANDEM_REPOSITORY at it, with settings tandem has."""
+    import dataclasses
+    import re
+    import textwrap
+
+    from tandem.broker.settings import Settings
+
+    readme = (COMPOSE.parent / "README.md").read_text()
+    section = readme.split("**Your own models.**", 1)[1].split("**One worker per GPU", 1)[0]
+    (snippet,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    extra = yaml.safe_load(textwrap.dedent(snippet))
+    worker = {**compose["services"]["worker-0"], **extra}
+    (mount,) = worker["volumes"]
+    assert mount.split(":")[1] == worker["environment"]["TANDEM_REPOSITORY"]
+    names = {f"TANDEM_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    assert set(worker["environment"]) <= names
