@@ -108,13 +108,14 @@ class ExecutorInfo:
     def from_hash(
         cls, executor_id: str, h: dict, l2_depth: int, inflight_depth: int
     ) -> ExecutorInfo:
-        """From the executor's hash as HGETALL returns it (bytes); a missing number is 0."""
+        """From the executor's hash as HGETALL returns it (bytes). Total: a missing field, or
+        one that is not a number (or not UTF-8), reads as 0 (or with U+FFFD)."""
 
         def get(name: str) -> str:
-            return h.get(name.encode(), b"").decode()
+            return h.get(name.encode(), b"").decode(errors="replace")
 
         def num(name: str) -> int:
-            return int(float(get(name) or 0))
+            return int(_finite(h.get(name.encode())))
 
         def real(name: str) -> float:
             return _finite(h.get(name.encode()))

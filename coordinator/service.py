@@ -41,6 +41,7 @@ class Coordinator:
         self.relayed = 0
         self.buried = 0
         self.fed = 0
+        self.failures = 0  # rounds that raised something other than a Redis error
         self._models: list[str] = []
         self._stop = threading.Event()
 
@@ -52,11 +53,28 @@ class Coordinator:
     def run(self) -> None:
         """Loop until stop(): every feed_ms hand L1 tasks on and relay changes; every
         coordinator_interval_s sweep for dead executors, and once a minute all of them.
-        A Redis error (a disconnect, READONLY, OOM ...) is retried with backoff."""
+        A Redis error (a disconnect, READONLY, OOM ...) is retried with backoff. Any other
+        error in a round is logged (its traceback once per kind) and the loop goes on
+        after a backoff: nothing found in Redis ends the coordinator."""
         log.info("coordinator on %s", _safe(self.settings.redis_url))
         self._next_sweep = self._next_full = 0.0
+        failed = Backoff(first_s=self.settings.feed_ms / 1000, cap_s=5.0)
+        seen: set[str] = set()
         while not self._stop.is_set():
-            retry(self._round, what="coordinator", stop=self._stop, backoff=Backoff(cap_s=5.0))
+            try:
+                retry(self._round, what="coordinator", stop=self._stop, backoff=Backoff(cap_s=5.0))
+            except Exception as e:  # noqa: BLE001 - a bug or a value no reader expected
+                self.failures += 1
+                kind = f"{type(e).__name__}: {e}"[:200]
+                delay = failed.next()
+                log.error(
+                    "coordinator round failed (%s); going on in %.2fs", kind, delay,
+                    exc_info=kind not in seen,
+                )  # fmt: skip
+                seen.add(kind)
+                self._stop.wait(delay)
+                continue
+            failed.reset()
             self._stop.wait(self.settings.feed_ms / 1000)  # the feed's period
 
     def _round(self) -> None:

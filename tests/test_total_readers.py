@@ -1,0 +1,119 @@
+"""Every reader of tandem's keys is total: values and types written into them by hand end
+no process, `tandem status` and /metrics still answer, and good tasks are still served.
+
+The corruption reaches what the readers read: the executor table (models, an executor's
+hash, the deadlines, the state stream and its relay mark), the counters and the lists the
+coordinator drains, with junk members, junk fields and junk values, and wrong types for the
+keys no script writes on a task's path. A wrong type at a queue or at a key a script
+writes for every task (L1, the stats hash) stops that model, by design: it is not here.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from helpers import tandem, wait_until
+from tandem.broker import keys
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.server import free_port
+from tandem.status import snapshot
+
+junk = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"soon", b"nan", b"inf", b"-1", b"1e400", b"\xff\xfe", b"", b"a:b:c"]),
+)
+
+
+def corruptions(executor_id: str):
+    """One hand-written change to a key that tandem's readers read."""
+    value = st.tuples(junk, junk)
+    return st.one_of(
+        st.builds(lambda m: ("sadd", keys.MODELS, m), junk),
+        st.builds(
+            lambda f: ("hset", keys.executor(executor_id), f),
+            st.sampled_from([b"expires_ms", b"batches", b"tasks", b"model", b"worker"]).flatmap(
+                lambda f: junk.map(lambda v: (f, v))
+            ),
+        ),
+        st.builds(lambda fv: ("hset", keys.STATS, fv), value),
+        st.builds(lambda fv: ("hset", keys.metrics("sim:1"), fv), value),
+        st.builds(lambda m: ("zadd", keys.DEADLINES, m), junk),
+        st.builds(lambda fv: ("xadd", keys.STATE_STREAM, fv), value),
+        st.builds(lambda v: ("set", keys.RELAYED, v), junk),
+        st.builds(lambda v: ("retype", keys.DEAD, v), junk),
+        st.builds(lambda v: ("retype", keys.POISON, v), junk),
+        st.builds(lambda v: ("retype", keys.RELAYED, v), junk),
+        st.builds(lambda v: ("retype", keys.STATE_STREAM, v), junk),
+        st.builds(lambda v: ("retype", keys.metrics("ghost:1"), v), junk),
+    )
+
+
+def apply(r, change) -> None:
+    op, key, arg = change
+    if op == "sadd":
+        r.sadd(key, arg)
+        if arg == b"ghost:1" or not arg:
+            r.sadd(key, b"ghost:1")  # a model with no executor and a wrong-typed metrics key
+    elif op == "hset":
+        r.hset(key, arg[0] or b"f", arg[1])
+    elif op == "zadd":
+        r.zadd(key, {arg or b"x": 0})
+    elif op == "xadd":
+        r.xadd(key, {arg[0] or b"f": arg[1]})
+    elif op == "set":
+        r.set(key, arg)
+    else:  # retype: a key of the wrong type
+        r.delete(key)
+        r.set(key, arg) if key.endswith(("dead", "poison")) else r.rpush(key, arg or b"x")
+
+
+def test_hand_written_values_and_types_end_no_reader(processes, settings, r):
+    port = free_port()
+    worker = processes.worker("w1")
+    coordinator = processes.coordinator(metrics_port=port)
+    (executor,) = Table(r).executors()
+    r.sadd(keys.MODELS, b"ghost:1")
+    metrics = f"http://127.0.0.1:{port}/metrics"
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(metrics, timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    wait_until(answers, 30, "the coordinator's /metrics")
+
+    with Client(settings=settings) as client:
+
+        def served() -> bool:
+            try:
+                return client.submit("sim:1", [7]).get(timeout=5) == [7]
+            except Exception:  # noqa: BLE001 - an executor reclaimed and registering again
+                return False
+
+        @hsettings(
+            max_examples=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        )
+        @given(st.lists(corruptions(executor.id), min_size=1, max_size=4))
+        def corrupted(changes):
+            for change in changes:
+                apply(r, change)
+            assert worker.poll() is None and coordinator.poll() is None
+            snapshot(r)  # what `tandem status` reads and prints
+            with urllib.request.urlopen(metrics, timeout=10) as response:
+                assert response.status == 200
+            wait_until(served, 30, "a good task to be served")
+
+        corrupted()
+    done = tandem("status", "--json", redis_url=settings.redis_url)
+    assert done.returncode == 0, done.stderr
+    assert worker.poll() is None and coordinator.poll() is None
+    assert "Traceback" not in processes.log("coordinator")
