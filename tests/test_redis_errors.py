@@ -123,3 +123,33 @@ def test_a_bad_argument_is_a_tandem_error_and_still_a_value_error(processes, set
             with pytest.raises(BadArgument) as info:
                 call()
             assert isinstance(info.value, TandemError) and isinstance(info.value, ValueError)
+
+
+def test_a_result_key_of_another_type_dead_letters_its_task_alone(processes, r, settings):
+    """One task's result key holds a list: that task is dead-lettered with Redis's reason,
+    its batch-mates are stored, and the executor does not restart."""
+    from tandem.broker import deadletter
+
+    processes.worker("w1", max_wait_ms=300.0)  # a window, so the three share a batch
+    bad = "0bad0000-0000-4000-8000-000000000000"
+    r.rpush(keys.result(bad), "not a result")
+    with Client(settings=settings) as client:
+        first = client.submit("sim:1", [1])
+        client.submit("sim:1", [2], task_id=bad)
+        last = client.submit("sim:1", [3])
+        assert first.get(timeout=10) == [1] and last.get(timeout=10) == [3]
+    wait_until(lambda: deadletter.count(r) == 1, 10, "the refused task's dead letter")
+    (letter,) = deadletter.read(r)
+    assert letter.id == bad and letter.model == "sim:1"
+    assert letter.reason.startswith(f"ResultRefused: {keys.result(bad)}: WRONGTYPE")
+    assert letter.blocked is None  # its message is whole: it can be requeued once fixed
+    assert r.lrange(keys.result(bad), 0, -1) == [b"not a result"]  # left as it was
+    assert not any(e.inflight_depth for e in executors_of(r, "w1@test"))
+    assert "storing results failed" not in processes.log("w1")
+
+
+def test_the_scripts_prefixes_are_the_keys_of_keys_py():
+    from tandem.broker import scripts
+
+    lua = scripts.source("complete")
+    assert f"'{keys.RESULT_PREFIX}'" in lua and f"'{keys.metrics('')}'" in lua

@@ -79,9 +79,10 @@ end
 -- Store a Celery result and publish it, unless a SUCCESS or a REVOKED is already
 -- stored: a redelivered task keeps one consistent result, and a revoked task's result
 -- never flips. One SET ... GET; the rare kept result is written back. Returns true if
--- it stored.
+-- it stored; false and Redis's error if the key refused it (a key of another type).
 local function store_result(key, meta, ttl, stats)
-  local old = redis.call('SET', key, meta, 'EX', ttl, 'GET')
+  local old = redis.pcall('SET', key, meta, 'EX', ttl, 'GET')
+  if type(old) == 'table' and old.err then return false, old.err end
   if old then
     local ok, decoded = pcall(cjson.decode, old)
     local status = ok and type(decoded) == 'table' and decoded.status

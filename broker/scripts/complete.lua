@@ -9,7 +9,9 @@
 --       increment) pairs, then rate, lag_ms, extra_ms, base_ms, per_item_ms, margin_ms
 --       (rate '' when not given), then (raw message, result key, result JSON) triples; an
 --       empty result key means the JSON is a dead-letter record (a message without a
---       usable id).
+--       usable id). A result key that refuses its result (of another type) dead-letters
+--       that task with Redis's reason; the rest of the batch is stored.
+local RESULT_PREFIX, METRICS_PREFIX = 'celery-task-meta-', 'tandem:metrics:'
 local speed = 5 + 2 * tonumber(ARGV[4])
 local first = speed + 6
 for i = 5, speed - 1, 2 do
@@ -31,7 +33,19 @@ for i = first, #ARGV, 3 do
   if key == '' then
     dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4])
   else
-    store_result(key, meta, ARGV[1], KEYS[4])
+    local _, refused = store_result(key, meta, ARGV[1], KEYS[4])
+    if refused then
+      local now = redis.call('TIME')
+      local record = cjson.encode({
+        id = string.sub(key, #RESULT_PREFIX + 1),
+        model = string.sub(KEYS[5], #METRICS_PREFIX + 1),
+        reason = 'ResultRefused: ' .. key .. ': ' .. refused,
+        executors = {},
+        at = now[1] .. '.' .. string.format('%06d', tonumber(now[2])),
+        message = raw,
+      })
+      dead_letter(KEYS[3], record, ARGV[2], ARGV[3], KEYS[4])
+    end
   end
   in_order = in_order and tail[n - (i - first) / 3] == raw
 end
