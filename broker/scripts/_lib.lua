@@ -22,10 +22,11 @@ local function not_ready(hash, id)
 end
 
 -- Append one executor state change to the changes stream. model and ms, when the
--- caller knows them, save a read each.
+-- caller knows them, save a read each. The stream is for observers: a key of another
+-- type there loses the record (pcall), never the step that changed the state.
 local function change(stream, hash, id, state, model, ms)
   model = model or redis.call('HGET', hash, 'model') or ''
-  redis.call('XADD', stream, 'MAXLEN', '~', 10000, '*',
+  redis.pcall('XADD', stream, 'MAXLEN', '~', 10000, '*',
     'executor', id, 'model', model, 'state', state, 'ms', ms or now_ms())
 end
 
