@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from tandem.broker import keys, payload
+from tandem.broker.connect import celery_options
 from tandem.broker.errors import TandemError
 from tandem.broker.message import TASK_NAME
 from tandem.broker.settings import Settings
@@ -67,6 +68,7 @@ def make_app(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         redis_backend_health_check_interval=10,
+        **celery_options(settings.redis_url, settings.sentinel_master),
     )
     app.tandem_settings = settings
 

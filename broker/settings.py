@@ -19,6 +19,8 @@ class Settings:
     """Every tunable of a tandem process. Units are in the names."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    #: The primary's name when redis_url is a Sentinel URL (sentinel://h1:26379;...).
+    sentinel_master: str = ""
     #: Models this worker serves, each NAME:VERSION.
     models: tuple[str, ...] = ("sim:1",)
     #: Largest batch an executor computes.
@@ -139,6 +141,8 @@ class Settings:
             )
         if not self.models:
             out.append("models must name at least one NAME:VERSION")
+        if self.redis_url.startswith("sentinel://") and not self.sentinel_master:
+            out.append("a sentinel:// redis_url needs sentinel_master, the primary's name")
         return out
 
     def replace(self, **changes: Any) -> Settings:

@@ -18,6 +18,7 @@ import time
 import redis
 
 from tandem.broker import deadletter, message, results
+from tandem.broker.connect import connect
 from tandem.broker.errors import PoisonMessage
 from tandem.broker.faults import Faults
 from tandem.broker.retry import Backoff, retry
@@ -35,7 +36,9 @@ FULL_SWEEP_S = 60.0
 class Coordinator:
     def __init__(self, settings: Settings, client: redis.Redis | None = None) -> None:
         self.settings = settings
-        self.redis = client or redis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        self.redis = client or connect(
+            settings.redis_url, settings.sentinel_master, health_check_interval=10
+        )
         self.table = Table(self.redis, settings, faults=Faults.from_env())
         self.reclaimed = 0
         self.relayed = 0

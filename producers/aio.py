@@ -31,7 +31,8 @@ import redis.asyncio as aioredis
 from celery import states
 
 from tandem.broker import keys, message, reads
-from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
+from tandem.broker.connect import is_sentinel
+from tandem.broker.errors import BadArgument, BadSetting, BrokerUnavailable, UnknownModel
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
 from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
@@ -48,6 +49,11 @@ PUBLISHED = (b"pmessage", "pmessage")
 
 class AsyncClient:
     def __init__(self, settings: Settings) -> None:
+        if is_sentinel(settings.redis_url):
+            raise BadSetting(
+                "the HTTP gateway does not take a sentinel:// URL yet: give it the primary's "
+                "redis:// URL (its Client and workers may use Sentinel)"
+            )
         self.settings = settings
         self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=10)
         self._route = self.redis.register_script(source("route"))

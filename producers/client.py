@@ -15,6 +15,7 @@ from celery.result import AsyncResult, assert_will_not_block
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
+from tandem.broker.connect import connect
 from tandem.broker.discovery import stack_url
 from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
 from tandem.broker.retry import unavailable_as_tandem
@@ -101,7 +102,9 @@ class Client:
         """redis_url: else TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the
         current folder (its .tandem/stack.json), else redis://localhost:6379/0."""
         self.settings = settings or load_settings(redis_url=redis_url, fallback_url=stack_url)
-        self.redis = redis.Redis.from_url(self.settings.redis_url, health_check_interval=10)
+        self.redis = connect(
+            self.settings.redis_url, self.settings.sentinel_master, health_check_interval=10
+        )
         self.table = Table(self.redis)
         self.app = make_app(self.settings)
         #: Every result of this client's tasks, pushed to it as it is stored.

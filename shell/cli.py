@@ -260,13 +260,13 @@ def ready(ready_file) -> None:
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds, --watch.")
 def status(redis_url, as_json, watch, interval) -> None:
     """Print each executor and each queue's depth."""
-    import redis
 
+    from tandem.broker.connect import connect
     from tandem.status import render, snapshot, watch_live
 
     settings = _settings(redis_url=redis_url)
     name = "tandem-status-watch" if watch else "tandem-status"
-    client = redis.Redis.from_url(settings.redis_url, client_name=name)
+    client = connect(settings.redis_url, settings.sentinel_master, client_name=name)
     if as_json:
         click.echo(json.dumps(snapshot(client), indent=2))
     elif watch:
@@ -283,15 +283,15 @@ def status(redis_url, as_json, watch, interval) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the data as JSON, for scripts.")
 def dead(redis_url, limit, requeue, purge, as_json) -> None:
     """The dead letters (poison tasks, messages without an id): list, requeue or purge."""
-    import redis
 
     from tandem.broker import deadletter
+    from tandem.broker.connect import connect
     from tandem.broker.table import Table
 
     if requeue and purge:
         raise click.UsageError("choose --requeue or --purge, not both")
     settings = _settings(redis_url=redis_url)
-    client = redis.Redis.from_url(settings.redis_url, client_name="tandem-dead")
+    client = connect(settings.redis_url, settings.sentinel_master, client_name="tandem-dead")
     if purge:
         click.echo(f"purged {deadletter.purge(client)} dead letters")
         return

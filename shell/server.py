@@ -53,8 +53,10 @@ class RedisServer:
         appendfsync: str = "everysec",
         binary: str | None = None,
         tls: tuple[Path, Path] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.args = args  # more redis-server options, e.g. --replicaof HOST PORT
         self.port = port or free_port()
         self.appendfsync = appendfsync
         self.binary = binary
@@ -105,6 +107,7 @@ class RedisServer:
             "no",
             "--maxmemory-policy",
             "noeviction",
+            *self.args,
         ]
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
@@ -147,3 +150,84 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SentinelGroup:
+    """A primary, a replica and three sentinels watching them, all on 127.0.0.1 and from
+    the same redis-server binary: a Redis that survives the loss of its primary.
+
+    url is the sentinel:// URL every tandem process, Celery and Flower take, with
+    `master` as sentinel_master. down_after_ms: how long the sentinels wait before they
+    call the primary down and promote the replica."""
+
+    def __init__(self, data_dir: str | Path, master: str = "tandem", down_after_ms: int = 1000):
+        self.data_dir = Path(data_dir)
+        self.master = master
+        self.down_after_ms = down_after_ms
+        self.servers = [RedisServer(self.data_dir / "a"), RedisServer(self.data_dir / "b")]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{p}/0" for p in self.sentinel_ports)
+
+    def start(self, timeout_s: float = 20.0) -> SentinelGroup:
+        primary, replica = self.servers
+        primary.start()
+        replica.args = ("--replicaof", "127.0.0.1", str(primary.port))
+        replica.start()
+        for port in self.sentinel_ports:
+            folder = self.data_dir / f"sentinel-{port}"
+            folder.mkdir(parents=True, exist_ok=True)
+            config = folder / "sentinel.conf"  # sentinels rewrite their config: one each
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {folder.resolve()}\n"
+                f"sentinel monitor {self.master} 127.0.0.1 {primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.master} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.master} {max(3 * self.down_after_ms, 3000)}\n"
+            )
+            log_file = open(folder / "sentinel.log", "ab")  # noqa: SIM115 - owned by the process
+            self.sentinels.append(
+                subprocess.Popen(
+                    [redis_binary(), str(config), "--sentinel"],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            log_file.close()
+        deadline = time.monotonic() + timeout_s
+        while self.primary() is None or len(self._replicas_known()) < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the sentinels did not come up; see {self.data_dir}")
+            time.sleep(0.05)  # polling for readiness, bounded by the deadline
+        return self
+
+    def _ask(self, *command: str):
+        for port in self.sentinel_ports:
+            client = redis.Redis(port=port, socket_timeout=0.5)
+            try:
+                return client.execute_command(*command)
+            except redis.RedisError:
+                continue
+            finally:
+                client.close()
+        return None
+
+    def primary(self) -> int | None:
+        """The port of the server the sentinels call primary now."""
+        reply = self._ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master)
+        return int(reply[1]) if reply else None
+
+    def _replicas_known(self) -> list:
+        return self._ask("SENTINEL", "REPLICAS", self.master) or []
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.terminate()
+            process.wait(10)
+        for server in self.servers:
+            server.stop()

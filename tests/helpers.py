@@ -31,7 +31,7 @@ def wait_until(condition: Callable[[], T], timeout_s: float = 30.0, what: str = 
         time.sleep(0.01)  # polling interval of a condition wait, bounded by the deadline
 
 
-def fast_settings(redis_url: str) -> Settings:
+def fast_settings(redis_url: str, **overrides) -> Settings:
     """Settings for a test Redis, with short heartbeats so dead executors expire fast."""
     return load_settings(
         env={},
@@ -40,6 +40,7 @@ def fast_settings(redis_url: str) -> Settings:
         heartbeat_ttl_s=1.5,
         coordinator_interval_s=0.1,
         loglevel="INFO",
+        **overrides,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from tandem.broker.connect import connect
 from tandem.broker.faults import Faults
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
@@ -52,8 +53,9 @@ class Executors(bootsteps.StartStopStep):
         ]
         # Each executor may hold three connections at once (its blocking wait, its
         # returner's store, its window's subscription); redis-py's default pool has 100.
-        client = redis.Redis.from_url(
+        client = connect(
             settings.redis_url,
+            settings.sentinel_master,
             health_check_interval=10,
             max_connections=CONNECTIONS_PER_EXECUTOR * len(served) + 16,
         )
