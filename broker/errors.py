@@ -58,6 +58,19 @@ class BrokerUnavailable(TandemError):
     """Redis could not be reached."""
 
 
+class NotReplicated(BrokerUnavailable):
+    """A submit's tasks reached the primary but not min_replicas replicas in time, so a
+    failover could lose them: the submit is not acknowledged."""
+
+    @classmethod
+    def of(cls, acked: int, wanted: int, timeout_ms: int) -> NotReplicated:
+        return cls(
+            f"{acked} of {wanted} replica(s) acknowledged within {timeout_ms} ms: the "
+            "primary took the tasks, but a failover now could lose them; submit again, "
+            "or wait for the replicas"
+        )
+
+
 class ModelError(TandemError):
     """The model raised while computing this task."""
 

@@ -21,6 +21,11 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     #: The primary's name when redis_url is a Sentinel URL (sentinel://h1:26379;...).
     sentinel_master: str = ""
+    #: A submit returns only once this many replicas hold its tasks (Redis WAIT after the
+    #: route, in the same round trip), else it raises BrokerUnavailable; 0: no wait.
+    min_replicas: int = 0
+    #: How long a submit waits for those replicas.
+    replica_timeout_ms: int = 100
     #: Models this worker serves, each NAME:VERSION.
     models: tuple[str, ...] = ("sim:1",)
     #: Largest batch an executor computes.
@@ -126,6 +131,8 @@ class Settings:
             "sim_base_ms": 0,
             "sim_per_item_ms": 0,
             "sim_prep_ms": 0,
+            "min_replicas": 0,
+            "replica_timeout_ms": 1,
         }
         out = []
         for name, low in at_least.items():

@@ -17,6 +17,7 @@ from tandem.broker import keys
 from tandem.broker.errors import (
     BrokerUnavailable,
     ExecutorGone,
+    NotReplicated,
     Overloaded,
     QueueFull,
     TandemError,
@@ -148,7 +149,9 @@ class Table(Reads, Revocations):
         for start in range(0, len(messages), chunk):
             call = self.route_call(model, messages[start : start + chunk], priority, deadline)
             try:
-                replies = self.scripts.route(**call)
+                replies = self._replicated(self.scripts.route, call)
+            except NotReplicated as e:
+                raise _partial(e, out) from None
             except redis.ResponseError as e:
                 error = convert_error(e)  # a refusal says it all: no Redis error chained
                 raise _partial(error, out) from (None if isinstance(error, UnknownModel) else e)
@@ -156,6 +159,21 @@ class Table(Reads, Revocations):
                 raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
             out.extend(routed_reply(model, r) for r in replies)
         return out
+
+    def _replicated(self, script, call: dict):
+        """Run a script; with settings.min_replicas, also WAIT, in the same round trip on
+        the same connection, for that many replicas to hold its writes. Raises
+        NotReplicated if fewer did within replica_timeout_ms."""
+        wanted = self.settings.min_replicas
+        if not wanted:
+            return script(**call)
+        with self.redis.pipeline(transaction=False) as pipe:
+            script(**call, client=pipe)
+            pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
+            reply, acked = pipe.execute()
+        if acked < wanted:
+            raise NotReplicated.of(acked, wanted, self.settings.replica_timeout_ms)
+        return reply
 
     def route_on(
         self,

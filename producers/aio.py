@@ -32,7 +32,13 @@ from celery import states
 
 from tandem.broker import keys, message, reads
 from tandem.broker.connect import is_sentinel
-from tandem.broker.errors import BadArgument, BadSetting, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import (
+    BadArgument,
+    BadSetting,
+    BrokerUnavailable,
+    NotReplicated,
+    UnknownModel,
+)
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
 from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
@@ -185,6 +191,19 @@ class AsyncClient:
         await self._route_all(key, joined)
         return mine.result()
 
+    async def _route_replicated(self, call: dict) -> list:
+        """route.lua's replies; with min_replicas, WAITed for as Table._replicated does."""
+        wanted = self.settings.min_replicas
+        if not wanted:
+            return await self._route(keys=call["keys"], args=call["args"])
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._route(keys=call["keys"], args=call["args"], client=pipe)
+            pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
+            replies, acked = await pipe.execute()
+        if acked < wanted:
+            raise NotReplicated.of(acked, wanted, self.settings.replica_timeout_ms)
+        return replies
+
     async def _route_all(self, key: tuple, joined: list) -> None:
         """Route every joined submit's messages; settle each one's future."""
         model, priority, deadline_s = key
@@ -197,7 +216,9 @@ class AsyncClient:
                 call = Table.route_call(
                     model, messages[start : start + ROUTE_CHUNK], priority, deadline
                 )
-                replies += await self._route(keys=call["keys"], args=call["args"])
+                replies += await self._route_replicated(call)
+        except NotReplicated as e:
+            error = e
         except redis.ResponseError as e:
             error = convert_error(e)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:

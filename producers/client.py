@@ -105,7 +105,7 @@ class Client:
         self.redis = connect(
             self.settings.redis_url, self.settings.sentinel_master, health_check_interval=10
         )
-        self.table = Table(self.redis)
+        self.table = Table(self.redis, self.settings)
         self.app = make_app(self.settings)
         #: Every result of this client's tasks, pushed to it as it is stored.
         self.listener = ResultListener(self.redis, self.app.backend.decode)

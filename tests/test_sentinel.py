@@ -66,3 +66,52 @@ def test_a_killed_primary_is_replaced_and_tasks_are_served_again(group, tmp_path
     finally:
         processes.stop_all()
         admin.close()
+
+
+def test_with_min_replicas_a_submit_returns_only_once_a_replica_holds_it(group, tmp_path):
+    """min_replicas=1: acknowledged while the replica keeps up; NotReplicated (a
+    BrokerUnavailable) while it is stopped, never a claim of success; again after."""
+    import os
+    import signal
+
+    from tandem.broker.errors import BrokerUnavailable, NotReplicated
+
+    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
+    admin = connect(group.url, "tandem")
+    processes = Processes(settings, admin, tmp_path / "logs")
+    (replica,) = [s for s in group.servers if s.port != group.primary()]
+    try:
+        processes.worker("w1")
+        with Client(settings=settings) as client:
+            assert client.submit("sim:1", [1]).get(timeout=10) == [1]
+            os.kill(replica.process.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(NotReplicated, match="0 of 1 replica"):
+                    client.submit("sim:1", [2])
+                assert issubclass(NotReplicated, BrokerUnavailable)
+            finally:
+                os.kill(replica.process.pid, signal.SIGCONT)
+            wait_until(lambda: _acknowledged(client), 10, "the replica to catch up")
+    finally:
+        processes.stop_all()
+        admin.close()
+
+
+def _acknowledged(client) -> bool:
+    from tandem.broker.errors import NotReplicated
+
+    try:
+        return client.submit("sim:1", [3]).get(timeout=5) == [3]
+    except NotReplicated:
+        return False
+
+
+def test_without_a_replica_min_replicas_refuses_every_submit(processes, settings):
+    from tandem.broker.errors import NotReplicated
+
+    processes.worker("w1")
+    with (
+        Client(settings=settings.replace(min_replicas=1)) as client,
+        pytest.raises(NotReplicated, match="0 of 1 replica"),
+    ):
+        client.submit("sim:1", [1])
