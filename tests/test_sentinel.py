@@ -115,3 +115,14 @@ def test_without_a_replica_min_replicas_refuses_every_submit(processes, settings
         pytest.raises(NotReplicated, match="0 of 1 replica"),
     ):
         client.submit("sim:1", [1])
+
+
+def test_the_sentinel_fault_run_loses_no_acknowledged_task_with_min_replicas():
+    """tandem soak --faults sentinel, one round: the primary killed under steady load and
+    brought back as a replica; with min_replicas=1 every accepted task completes."""
+    from tandem.tools.failover import run_failover
+
+    report = run_failover(load_settings(env={}), rounds=1, rate=50.0, min_replicas=1)
+    assert report.rounds == 1 and report.accepted > 0
+    assert report.lost == 0 and report.completed + report.failed == report.accepted
+    assert report.served_again_s[0] != float("inf")  # served again, with no restart by hand

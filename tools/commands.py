@@ -317,14 +317,38 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
     show_default=True,
     help="Seconds between worker kills.",
 )
-def soak(minutes, kill_every_s) -> None:
-    """Mixed load with worker kills and a Redis restart; exits 1 if any task was lost."""
+@click.option(
+    "--faults",
+    type=click.Choice(["workers", "sentinel"]),
+    default="workers",
+    show_default=True,
+    help="workers: kills, poison tasks and a Redis restart; sentinel: the primary of a "
+    "Redis under Sentinel killed --rounds times under steady load.",
+)
+@click.option("--rounds", type=int, default=3, show_default=True, help="sentinel: kills.")
+@click.option(
+    "--min-replicas",
+    type=int,
+    default=0,
+    show_default=True,
+    help="sentinel: submits wait for this many replicas (TANDEM_MIN_REPLICAS).",
+)
+def soak(minutes, kill_every_s, faults, rounds, min_replicas) -> None:
+    """Mixed load with worker kills and a Redis restart (or, with --faults sentinel,
+    primary kills under Sentinel); exits 1 if any task was lost."""
     from tandem.broker.extras import require
 
     require("worker", "tandem soak")
+    setup_logging("WARNING")
+    if faults == "sentinel":
+        from tandem.tools.failover import run_failover
+
+        found = run_failover(load_settings(), rounds=rounds, min_replicas=min_replicas)
+        for line in found.lines():
+            click.echo(line)
+        sys.exit(1 if found.lost else 0)
     from tandem.tools.soak import run_soak
 
-    setup_logging("WARNING")
     report = run_soak(load_settings(), minutes, kill_every_s)
     for line in report.lines():
         click.echo(line)
