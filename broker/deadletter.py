@@ -18,6 +18,7 @@ import binascii
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 
 import redis
 
@@ -66,9 +67,10 @@ class DeadLetter:
     at: str = ""
     raw: bytes | None = field(default=None, repr=False)  # None: not kept whole
 
-    @property
+    @cached_property
     def blocked(self) -> str | None:
-        """Why requeueing it would not serve it, or None if it can be requeued."""
+        """Why requeueing it would not serve it, or None if it can be requeued (its
+        message decoded once, however often it is asked)."""
         if self.raw is None:
             return "its message was not kept whole"
         if not self.model:

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tandem.broker.settings import DEFAULT_REDIS_URL
+from tandem.broker.settings import load_settings
 
 #: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.
 STACK_FILE = Path(".tandem") / "stack.json"
@@ -31,5 +31,4 @@ def redis_url(env: Mapping[str, str] | None = None) -> str:
     """The Redis URL tandem's commands use, for code of your own (a Celery app, say):
     TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the current folder,
     else redis://localhost:6379/0."""
-    env = os.environ if env is None else env
-    return env.get("TANDEM_REDIS_URL") or stack_url() or DEFAULT_REDIS_URL
+    return load_settings(env, fallback_url=stack_url).redis_url

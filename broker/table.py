@@ -153,8 +153,7 @@ class Table(Reads, Revocations):
             except NotReplicated as e:
                 raise _partial(e, out) from None
             except redis.ResponseError as e:
-                error = convert_error(e)  # a refusal says it all: no Redis error chained
-                raise _partial(error, out) from (None if isinstance(error, UnknownModel) else e)
+                _raise_converted(e, out)
             except DISCONNECTS as e:
                 raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
             out.extend(routed_reply(model, r) for r in replies)
@@ -209,8 +208,7 @@ class Table(Reads, Revocations):
         except redis.ResponseError as e:
             if str(e).startswith("NO_LETTER"):
                 raise TandemError(str(e).removeprefix("NO_LETTER ")) from None
-            error = convert_error(e)
-            raise error from (None if isinstance(error, UnknownModel) else e)
+            _raise_converted(e)
         except DISCONNECTS as e:
             raise BrokerUnavailable(f"cannot reach Redis: {e}") from e
         routed = routed_reply(model, reply)
@@ -436,6 +434,15 @@ class Table(Reads, Revocations):
             pipe.lrange(keys.inflight(executor_id), 0, -1)
             l2, inflight = pipe.execute()
         return [*l2, *inflight]
+
+
+def _raise_converted(e: redis.ResponseError, routed: list | None = None) -> None:
+    """Raise convert_error(e) (with `.routed`, if given). A refusal such as UnknownModel
+    says it all: no Redis error is chained under it."""
+    error = convert_error(e)
+    if routed is not None:
+        _partial(error, routed)
+    raise error from (None if isinstance(error, UnknownModel) else e)
 
 
 def convert_error(e: redis.ResponseError) -> Exception:
