@@ -175,18 +175,18 @@ def test_the_http_profile_times_the_gateway_next_to_a_direct_client():
     assert all(row["failed"] == 0 and row["p50_ms"] > 0 for row in report["sweep"])
 
 
-def test_the_latency_profile_times_both_paths_alike(tmp_path):
+def test_the_latency_profile_times_every_path_alike(tmp_path):
     from tandem.broker.settings import load_settings
     from tandem.tools import latency
 
     report = latency.run_latency(
         load_settings(env={}, loglevel="WARNING"), spacings_ms=(1.0,), tasks=6, block=3
     )
-    bare, tandem_row = report["rows"]
-    assert (bare["path"], tandem_row["path"]) == ("bare", "tandem")
+    bare, floor, tandem_row = report["rows"]
+    assert [bare["path"], floor["path"], tandem_row["path"]] == ["bare", "floor", "tandem"]
     for row in report["rows"]:
         assert row["tasks"] == 6 and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["send_p50_ms"] > 0 and row["wait_p50_ms"] > 0
-    assert bare["ratio_p50"] == 1.0
+    assert bare["ratio_p50"] == 1.0 and floor["over_floor_p50"] == 1.0
     commands = {row["command"] for row in report["redis_us"]}
     assert {"route", "complete"} <= commands  # its own scripts, timed by Redis

@@ -4,6 +4,11 @@ a queued task with a pushed result can take.
 - **bare**: the producer LPUSHes a message; a consumer process blocked in BLMOVE wakes
   and PUBLISHes it on the producer's subscription (one pattern, subscribed once). The
   same Redis, the same redis-py, the same wake-ups, and no tandem.
+- **floor**: the least a path with tandem's constraints can cost: an atomic route
+  script (the first of a ready set, else L1), tandem's own message encoding and decoding,
+  a Celery result stored and published by one script that also drops the task from
+  in-flight. No executor states, checks, metrics, events or threads: what tandem adds
+  over the floor is its machinery, what the floor adds over bare is the constraints.
 - **tandem**: `Client.submit` and `get()` on `sim` at zero cost, one worker.
 
 One task at a time, a fixed spacing between tasks, the two paths alternated in blocks
@@ -15,6 +20,7 @@ from SLOWLOG, collected over the tandem blocks.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import tempfile
 import time
@@ -25,6 +31,7 @@ from typing import Any
 
 import redis
 
+from tandem.broker import keys, message, results
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
@@ -36,6 +43,23 @@ SPACINGS_MS = (30.0, 2.0)
 BLOCK = 50
 TASKS = 300
 QUEUE, INFLIGHT, CHANNEL = "bare:queue", "bare:inflight", "bare:result:"
+#: The floor's keys: its ready set (one consumer in it), its L1, its consumer's L2 and
+#: in-flight; its task ids begin with FLOOR_TOKEN, so one pattern hears their results.
+FLOOR_READY, FLOOR_L1 = "floor:ready", "floor:l1"
+FLOOR_L2, FLOOR_INFLIGHT = "floor:l2", "floor:inflight"
+FLOOR_TOKEN = "f100f100"
+FLOOR_ROUTE = """
+local top = redis.call('ZRANGE', KEYS[1], 0, 0)
+if #top == 0 then redis.call('LPUSH', KEYS[2], ARGV[1]) return 0 end
+redis.call('LPUSH', KEYS[3], ARGV[1])
+return top[1]
+"""
+FLOOR_COMPLETE = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+redis.call('LREM', KEYS[2], -1, ARGV[2])
+return 1
+"""
 
 
 def consume(url: str, ready, stop) -> None:
@@ -47,6 +71,21 @@ def consume(url: str, ready, stop) -> None:
         if message is not None:
             client.publish(CHANNEL + message.decode(), message)
             client.lrem(INFLIGHT, 1, message)
+    client.close()
+
+
+def consume_floor(url: str, ready, stop) -> None:
+    """The floor's consumer: BLMOVE a message into in-flight, decode it, and store and
+    publish its Celery result (its input, as `sim` returns it) in one script."""
+    client = redis.Redis.from_url(url)
+    complete = client.register_script(FLOOR_COMPLETE)
+    ready.set()
+    while not stop.is_set():
+        raw = client.blmove(FLOOR_L2, FLOOR_INFLIGHT, 0.2, "RIGHT", "LEFT")
+        if raw is not None:
+            task = message.decode(raw, max_bytes=1 << 20)
+            meta = results.success(task.id, task.inputs)
+            complete(keys=[keys.result(task.id), FLOOR_INFLIGHT], args=[meta, raw, 3600])
     client.close()
 
 
@@ -81,6 +120,41 @@ class Bare:
         self.redis.close()
 
 
+class Floor(Bare):
+    """The producer's side of the floor: encode, route by script, wait on one pattern."""
+
+    def __init__(self, url: str) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.redis.zadd(FLOOR_READY, {"floor-consumer": 1})
+        self.route = self.redis.register_script(FLOOR_ROUTE)
+        self.pubsub = self.redis.pubsub()
+        self.pubsub.psubscribe(f"{keys.RESULT_PREFIX}{FLOOR_TOKEN}-*")
+        reply = self.pubsub.get_message(timeout=5.0)
+        if reply is None or reply["type"] != "psubscribe":
+            raise RuntimeError(f"Redis did not confirm the floor's subscription: {reply}")
+
+    def send(self) -> tuple[float, float]:
+        task_id = FLOOR_TOKEN + str(uuid.uuid4())[8:]
+        channel = keys.result(task_id).encode()
+        start = time.perf_counter()
+        envelope = message.encode_checked(
+            MODEL, 1, queue=keys.l1(MODEL), task_id=task_id, priority=0, expires=None,
+            binary=False, limit=1 << 20,
+        )  # fmt: skip
+        if self.route(keys=[FLOOR_READY, FLOOR_L1, FLOOR_L2], args=[envelope]) == 0:
+            raise RuntimeError("the floor's route found no consumer in its ready set")
+        sent = time.perf_counter()
+        while True:
+            reply = self.pubsub.get_message(timeout=5.0)
+            if reply is None:
+                raise TimeoutError("the floor's consumer did not answer within 5 s")
+            if reply["type"] == "pmessage" and reply["channel"] == channel:
+                json.loads(reply["data"])
+                break
+        done = time.perf_counter()
+        return (sent - start) * 1000, (done - sent) * 1000
+
+
 def tandem_send(client: Client) -> tuple[float, float]:
     start = time.perf_counter()
     result = client.submit(MODEL, 1)
@@ -106,40 +180,48 @@ def run_latency(
         settings = settings.replace(redis_url=server.url, hostname="latency@bench")
         context = multiprocessing.get_context("spawn")
         ready, stop = context.Event(), context.Event()
-        consumer = context.Process(target=consume, args=(server.url, ready, stop), daemon=True)
+        floor_ready = context.Event()
+        consumers = [
+            context.Process(target=target, args=(server.url, event, stop), daemon=True)
+            for target, event in ((consume, ready), (consume_floor, floor_ready))
+        ]
         worker = spawn(["worker"], settings, Path(folder) / "worker.log")
         admin = redis.Redis.from_url(server.url)
         try:
-            consumer.start()
+            for consumer in consumers:
+                consumer.start()
             wait_for_executors(admin, 1, 120, [worker])
-            if not ready.wait(30):
-                raise RuntimeError("the bare consumer did not start within 30 s")
+            if not (ready.wait(30) and floor_ready.wait(30)):
+                raise RuntimeError("the bare and floor consumers did not start within 30 s")
             with Client(settings=settings) as client:
-                bare = Bare(server.url)
+                bare, floor = Bare(server.url), Floor(server.url)
                 try:
-                    return _measure(admin, bare, client, spacings_ms, tasks, block, progress)
+                    return _measure(admin, bare, floor, client, spacings_ms, tasks, block, progress)
                 finally:
                     bare.close()
+                    floor.close()
         finally:
             stop.set()
-            consumer.join(5)
+            for consumer in consumers:
+                consumer.join(5)
             stop_process(worker, 30)
             admin.close()
             server.stop()
 
 
-def _measure(admin, bare, client, spacings_ms, tasks, block, progress) -> dict[str, Any]:
-    for _ in range(block):  # warm both paths: connections, scripts, the latency model
-        bare.send()
-        tandem_send(client)
+def _measure(admin, bare, floor, client, spacings_ms, tasks, block, progress) -> dict[str, Any]:
+    paths = (("bare", bare.send), ("floor", floor.send), ("tandem", lambda: tandem_send(client)))
+    for _ in range(block):  # warm every path: connections, scripts, the latency model
+        for _, send in paths:
+            send()
     rows, slow = [], defaultdict(list)
     scripts = {s.sha: name for name, s in vars(client.table.scripts).items() if hasattr(s, "sha")}
     for spacing in spacings_ms:
         if progress:
             progress(f"spacing {spacing:g} ms: {tasks} tasks of each path, blocks of {block}")
-        times: dict[str, list[tuple[float, float]]] = {"bare": [], "tandem": []}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in paths}
         for _ in range(0, tasks, block):
-            for name, send in (("bare", bare.send), ("tandem", lambda: tandem_send(client))):
+            for name, send in paths:
                 for _ in range(block):
                     times[name].append(send())
                     time.sleep(spacing / 1000)  # the spacing between tasks: the load itself
@@ -183,11 +265,13 @@ def _rows(spacing: float, times: dict[str, list[tuple[float, float]]]) -> list[d
                 "wait_p50_ms": round(percentile([b for _, b in pairs], 50), 3),
             }
         )
-    bare, tandem = rows
+    bare, floor, tandem = rows
     for row in rows:
         row["ratio_p50"] = round(row["p50_ms"] / bare["p50_ms"], 2)
         row["ratio_p99"] = round(row["p99_ms"] / bare["p99_ms"], 2)
+        row["over_floor_p50"] = round(row["p50_ms"] / floor["p50_ms"], 2)
     tandem["per_task"] = "submit + get()"
+    floor["per_task"] = "encode + route script + the stored result received"
     bare["per_task"] = "LPUSH + the PUBLISH received"
     return rows
 
@@ -208,6 +292,7 @@ COLUMNS = (
     "p99_ms",
     "ratio_p50",
     "ratio_p99",
+    "over_floor_p50",
     "send_p50_ms",
     "wait_p50_ms",
 )
