@@ -319,11 +319,12 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
 )
 @click.option(
     "--faults",
-    type=click.Choice(["workers", "sentinel"]),
+    type=click.Choice(["workers", "sentinel", "none"]),
     default="workers",
     show_default=True,
     help="workers: kills, poison tasks and a Redis restart; sentinel: the primary of a "
-    "Redis under Sentinel killed --rounds times under steady load.",
+    "Redis under Sentinel killed --rounds times under steady load; none: steady load "
+    "only, with RSS and key counts, to find leaks.",
 )
 @click.option("--rounds", type=int, default=3, show_default=True, help="sentinel: kills.")
 @click.option(
@@ -333,9 +334,19 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
     show_default=True,
     help="sentinel: submits wait for this many replicas (TANDEM_MIN_REPLICAS).",
 )
-def soak(minutes, kill_every_s, faults, rounds, min_replicas) -> None:
+@click.option("--rate", type=float, default=100.0, show_default=True, help="none: tasks/s.")
+@click.option(
+    "--ttl-s",
+    type=int,
+    default=60,
+    show_default=True,
+    help="none: seconds results and dead letters live (TANDEM_RESULT_EXPIRES_S).",
+)
+def soak(minutes, kill_every_s, faults, rounds, min_replicas, rate, ttl_s) -> None:
     """Mixed load with worker kills and a Redis restart (or, with --faults sentinel,
-    primary kills under Sentinel); exits 1 if any task was lost."""
+    primary kills under Sentinel); exits 1 if any task was lost. With --faults none,
+    steady load only: exits 1 if a task went unanswered or a per-task key outlived its
+    TTL."""
     from tandem.broker.extras import require
 
     require("worker", "tandem soak")
@@ -347,6 +358,13 @@ def soak(minutes, kill_every_s, faults, rounds, min_replicas) -> None:
         for line in found.lines():
             click.echo(line)
         sys.exit(1 if found.lost else 0)
+    if faults == "none":
+        from tandem.tools.steady import run_steady
+
+        steady = run_steady(load_settings(), minutes, rate=rate, ttl_s=ttl_s)
+        for line in steady.lines():
+            click.echo(line)
+        sys.exit(1 if steady.leaked else 0)
     from tandem.tools.soak import run_soak
 
     report = run_soak(load_settings(), minutes, kill_every_s)
