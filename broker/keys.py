@@ -46,6 +46,9 @@ DELIVERIES_PREFIX = "tandem:deliveries:"
 DEADLINES = "tandem:deadlines"
 #: STRING holding the last STATE_STREAM id the coordinator relayed.
 RELAYED = "tandem:coordinator:relayed"
+#: STRING an executor writes while it waits for replicas (min_replicas): WAIT after it
+#: returns once the replicas hold every earlier write too. Any type is overwritten.
+FENCE = "tandem:fence"
 #: Celery result key of a task; Celery's Redis backend publishes on the same name.
 RESULT_PREFIX = "celery-task-meta-"
 #: HASH per executor: model, worker, state, cap (its room: how many more tasks its L2

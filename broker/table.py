@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -25,7 +27,7 @@ from tandem.broker.errors import (
 )
 from tandem.broker.faults import Faults
 from tandem.broker.readmodel import Reads
-from tandem.broker.retry import DISCONNECTS
+from tandem.broker.retry import DISCONNECTS, Backoff
 from tandem.broker.revocations import Revocations
 from tandem.broker.scripts import Scripts
 from tandem.broker.settings import Settings
@@ -35,6 +37,8 @@ from tandem.broker.state import Batch, Speed, State
 #: Messages per route script call: a burst is routed in calls of this many, so that
 #: no single call holds Redis for long.
 ROUTE_CHUNK = 256
+
+log = logging.getLogger("tandem.table")
 
 
 def routed_reply(model: str, reply: bytes | int | list) -> str | None | QueueFull | Overloaded:
@@ -84,6 +88,11 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
     return script_keys, head
 
 
+def _claimed(reply) -> bool:
+    """A claiming script's reply holds tasks (see Batch.claimed)."""
+    return isinstance(reply, list) and len(reply) > 1
+
+
 def _partial(error: Exception, routed: list) -> Exception:
     error.routed = routed
     return error
@@ -111,12 +120,74 @@ class Table(Reads, Revocations):
         self.settings = settings or Settings()
         self.scripts = Scripts(client)
         self.faults = faults if faults is not None else Faults()
+        self._patience = threading.local()  # per executor thread: see patience()
 
     def _step(self, name: str, call):
         self.faults.at(name, "before")
         reply = call()
         self.faults.at(name, "after", reply)
         return reply
+
+    def _held(self, name: str, queue, holds) -> object:
+        """An executor's step that takes custody of tasks or results (a claim, a store):
+        queue(client) issues its commands. With min_replicas, WAIT goes in the same round
+        trip, and when the reply holds something (holds(reply)) that fewer replicas
+        acknowledged, the step waits for them (await_replicas) before it returns: no task
+        is computed, and no batch counted stored, that a failover could take back."""
+        wanted = self.settings.min_replicas
+        if not wanted:
+            return self._step(name, lambda: queue(self.redis))
+        acked = []
+
+        def run():
+            with self.redis.pipeline(transaction=False) as pipe:
+                queue(pipe)
+                pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
+                reply, count = pipe.execute()
+            acked.append(count)
+            return reply
+
+        reply = self._step(name, run)
+        if acked[0] < wanted and holds(reply):
+            self.await_replicas(name, acked[0])
+        return reply
+
+    def patience(self, each_try, stop: threading.Event | None) -> None:
+        """How steps on the calling thread wait for replicas (await_replicas): each_try()
+        at every try, giving up once stop is set. Set once per executor thread."""
+        self._patience.each_try, self._patience.stop = each_try, stop
+
+    def await_replicas(self, name: str, acked: int) -> None:
+        """Wait until min_replicas replicas hold this thread's writes: write the fence key
+        and WAIT, again and again (a replica that holds the fence holds every write before
+        it). A disconnect is raised: on a new primary the step may or may not have
+        happened, and the caller rebuilds (a claim hands its batch back; a store runs
+        again, which changes nothing it already made). Given up once the thread's stop
+        is set: the write stays on the primary alone."""
+        wanted, timeout_ms = self.settings.min_replicas, self.settings.replica_timeout_ms
+        each_try = getattr(self._patience, "each_try", None)
+        stop = getattr(self._patience, "stop", None)
+        log.warning(
+            "%s: %d of %d replica(s) acknowledged within %d ms; waiting for them before going on",
+            name,
+            acked,
+            wanted,
+            timeout_ms,
+        )
+        backoff = Backoff(cap_s=1.0)
+        while acked < wanted:
+            if stop is not None and stop.is_set():
+                log.warning("%s: stopping; its write is on the primary alone", name)
+                return
+            if each_try is not None:
+                each_try()
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(keys.FENCE, name)
+                pipe.execute_command("WAIT", wanted, timeout_ms)
+                _, acked = pipe.execute()
+            if acked < wanted:
+                (stop.wait if stop is not None else time.sleep)(backoff.next())  # between tries
+        log.warning("%s: %d replica(s) hold it now; going on", name, acked)
 
     # Producers
 
@@ -294,7 +365,8 @@ class Table(Reads, Revocations):
             keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
-        return Batch.claimed(self._call("begin", script_keys, [executor_id, room, taken]))
+        reply = self._call("begin", script_keys, [executor_id, room, taken], holds=_claimed)
+        return Batch.claimed(reply)
 
     def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> Batch:
         """Claim into in-flight: one retry task if `alone` (the batch is empty) and there is
@@ -304,7 +376,8 @@ class Table(Reads, Revocations):
             keys.inflight(executor_id),
             *keys.claim_keys(model),
         ]
-        return Batch.claimed(self._call("claim", script_keys, [n, "1" if alone else "0"]))
+        reply = self._call("claim", script_keys, [n, "1" if alone else "0"], holds=_claimed)
+        return Batch.claimed(reply)
 
     def claim_or_idle(self, executor_id: str, model: str, max_batch: int) -> Batch | None:
         """After a compute, one round trip: the next batch (one redelivered task alone, or
@@ -316,7 +389,7 @@ class Table(Reads, Revocations):
             keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
-        reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch])
+        reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch], holds=_claimed)
         return None if reply[0] == 2 else Batch.claimed(reply)
 
     def unclaim(self, executor_id: str, model: str, raws: Sequence[bytes]) -> int:
@@ -332,8 +405,10 @@ class Table(Reads, Revocations):
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
         """Block up to timeout_s for the next L2 task, moving it into in-flight."""
         l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
-        return self._step(
-            "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
+        return self._held(
+            "wait_l2",
+            lambda client: client.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT"),
+            holds=lambda reply: reply is not None,
         )
 
     def wait_full(self, signal: FullSignal, timeout_s: float) -> bool:
@@ -374,7 +449,11 @@ class Table(Reads, Revocations):
             keys.metrics(model),
             *([keys.speed(model)] if speed is not None else []),
         ]
-        return self._step("complete", lambda: self.scripts.complete(keys=script_keys, args=args))
+        return self._held(
+            "complete",
+            lambda client: self.scripts.complete(keys=script_keys, args=args, client=client),
+            holds=bool,
+        )
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False
@@ -418,9 +497,14 @@ class Table(Reads, Revocations):
             args += [meta, s.result_expires_s]
         return bool(self.scripts.bury(keys=script_keys, args=args))
 
-    def _call(self, name: str, script_keys: list[str], args: list):
+    def _call(self, name: str, script_keys: list[str], args: list, *, holds=None):
+        """Run an executor's script; holds: it takes custody (see _held)."""
         try:
             script = getattr(self.scripts, name)
+            if holds is not None:
+                return self._held(
+                    name, lambda client: script(keys=script_keys, args=args, client=client), holds
+                )
             return self._step(name, lambda: script(keys=script_keys, args=args))
         except redis.ResponseError as e:
             if _gone(e):

@@ -308,22 +308,65 @@ def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
     assert json.loads(r.get(key)) == {"status": "SUCCESS", "result": 1}
     assert 0 < r.ttl(key) <= 60
     assert r.llen(keys.inflight("a")) == 0
-    assert r.hget(keys.executor("a"), "tasks") == b"2"
+    assert r.hget(keys.STATS, "duplicates") == b"1"  # the second compute, kept out
+    assert r.hget(keys.executor("a"), "tasks") == b"1"  # one task finished, once
 
 
 def test_complete_adds_the_batch_metrics_in_the_same_step(table, r):
     register(table, "a")
-    task_id, _ = route(table, 0)
-    raw = table.claim("a", MODEL, 1)[0]
-    entry = (raw, keys.result(task_id), results.success(task_id, [0]))
     counts = {"outcome:SUCCESS": 1, "compute_ms:sum": 2.5}
-    for _ in range(2):
+    for n in range(2):
+        task_id, _ = route(table, n)
+        raw = table.claim("a", MODEL, 1)[0]
+        entry = (raw, keys.result(task_id), results.success(task_id, [n]))
         table.complete("a", [entry], model=MODEL, counters=counts)
     assert r.hgetall(keys.metrics(MODEL)) == {
-        b"route:L1": b"1",
+        b"route:L1": b"2",
         b"outcome:SUCCESS": b"2",
         b"compute_ms:sum": b"5",
     }
+
+
+def test_complete_run_again_changes_nothing(table, r):
+    """A retry of the same store (its reply lost, or a failover that may or may not
+    have kept the first run) stores nothing twice, counts nothing twice and publishes
+    nothing again."""
+    register(table, "a")
+    ids = [route(table, n)[0] for n in range(2)]
+    raws = table.claim("a", MODEL, 3)
+    junk = b'{"headers": {}}'  # no usable id: a dead letter
+    r.lpush(keys.inflight("a"), junk)
+    entries = [
+        (raw, keys.result(i), results.success(i, [n])) for n, (raw, i) in enumerate(zip(raws, ids))
+    ]
+    entries.append((junk, "", '{"reason": "BadInput: no id"}'))
+    counts = {"outcome:SUCCESS": 2}
+    table.complete("a", entries, model=MODEL, counters=counts)
+    before = {k: r.dump(k) for k in r.keys("*")}
+    with r.pubsub() as published:
+        published.psubscribe(f"{keys.RESULT_PREFIX}*")
+        assert published.get_message(timeout=5)["type"] == "psubscribe"
+        assert table.complete("a", entries, model=MODEL, counters=counts) == 3
+        assert published.get_message(timeout=0.2) is None
+    assert {k: r.dump(k) for k in r.keys("*")} == before
+    assert r.llen(keys.DEAD) == 1 and r.hget(keys.STATS, "duplicates") is None
+    assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") == b"2"
+
+
+def test_complete_after_a_lost_store_stores_and_counts_it(table, r):
+    """A retry whose first run never landed (a failover lost it): in-flight still holds
+    the batch, so it is stored, dropped and counted as the first run would have."""
+    register(table, "a")
+    task_id, _ = route(table, 0)
+    raw = table.claim("a", MODEL, 1)[0]
+    entry = (raw, keys.result(task_id), results.success(task_id, [0]))
+    table.complete("a", [entry], model=MODEL, counters={"outcome:SUCCESS": 1})
+    r.delete(keys.result(task_id), keys.metrics(MODEL))  # the first run, lost
+    r.lpush(keys.inflight("a"), raw)
+    table.complete("a", [entry], model=MODEL, counters={"outcome:SUCCESS": 1})
+    assert r.get(keys.result(task_id)) == entry[2].encode()
+    assert r.llen(keys.inflight("a")) == 0
+    assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") == b"1"
 
 
 def test_complete_never_overwrites_a_revoked_result(table, r):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from conftest import Processes
 from helpers import fast_settings, wait_until
@@ -126,3 +127,101 @@ def test_the_sentinel_fault_run_loses_no_acknowledged_task_with_min_replicas():
     assert report.rounds == 1 and report.accepted > 0
     assert report.lost == 0 and report.completed + report.failed == report.accepted
     assert report.served_again_s[0] != float("inf")  # served again, with no restart by hand
+
+
+def test_with_min_replicas_a_worker_computes_only_what_a_replica_holds(group, tmp_path):
+    """A claim the replica has not acknowledged is held, not computed: the executor waits
+    for the replica (a failover now would put the task back in a queue, and a compute
+    would then run twice)."""
+    import os
+    import signal
+
+    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
+    admin = connect(group.url, "tandem")
+    processes = Processes(settings, admin, tmp_path / "logs")
+    (replica,) = [s for s in group.servers if s.port != group.primary()]
+    try:
+        processes.worker("w1")
+        # This producer does not wait for replicas, so its submit goes through.
+        with Client(settings=settings.replace(min_replicas=0)) as client:
+            assert client.submit("sim:1", [1]).get(timeout=10) == [1]
+            os.kill(replica.process.pid, signal.SIGSTOP)
+            try:
+                task = client.submit("sim:1", [2])
+                held = wait_until(lambda: _in_flight(admin), 10, "the worker to claim the task")
+                assert task.id in held.decode()
+                with pytest.raises(CeleryTimeoutError):  # not computed while it is away
+                    task.get(timeout=1.0)
+                assert "waiting for them" in processes.log("w1")
+            finally:
+                os.kill(replica.process.pid, signal.SIGCONT)
+            assert task.get(timeout=10) == [2]
+            wait_until(lambda: "hold it now" in processes.log("w1"), 10, "the worker's word")
+    finally:
+        processes.stop_all()
+        admin.close()
+
+
+def test_with_min_replicas_a_result_lost_with_the_primary_is_stored_again(group, tmp_path):
+    """The replica is stopped while a batch computes, so its store reaches the primary
+    alone and the executor waits; the primary is then killed and the replica promoted
+    without the result. The executor stores the same result on the new primary: the
+    task is neither lost nor computed again."""
+    import os
+    import signal
+
+    from tandem.broker import keys
+
+    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
+    admin = connect(group.url, "tandem")
+    processes = Processes(settings, admin, tmp_path / "logs")
+    old = group.primary()
+    (replica,) = [s for s in group.servers if s.port != old]
+    try:
+        processes.worker("w1", sim_base_ms=1500.0)
+        with Client(settings=settings) as client:
+            task = client.submit("sim:1", [7])  # acknowledged: the replica holds it
+            wait_until(lambda: _in_flight(admin), 10, "the worker to claim the task")
+            os.kill(replica.process.pid, signal.SIGSTOP)
+            try:
+                first = wait_until(
+                    lambda: admin.get(keys.result(task.id)), 10, "the store on the primary"
+                )
+                wait_until(lambda: "complete: 0 of 1" in processes.log("w1"), 10, "the wait")
+                group.server(old).kill()
+            finally:
+                os.kill(replica.process.pid, signal.SIGCONT)
+            wait_until(lambda: group.primary() not in (None, old), 60, "the failover")
+            again = wait_until(
+                lambda: _get(admin, keys.result(task.id)), 60, "the result on the new primary"
+            )
+            assert again == first
+            assert task.get(timeout=10) == [7]
+            stats = _stats(admin)
+            assert stats.get(b"redelivered") is None and stats.get(b"duplicates") is None
+    finally:
+        processes.stop_all()
+        admin.close()
+
+
+def _in_flight(admin) -> bytes | None:
+    from tandem.broker import keys
+
+    for key in admin.scan_iter(f"{keys.INFLIGHT_PREFIX}*"):
+        held = admin.lrange(key, 0, -1)
+        if held:
+            return held[0]
+    return None
+
+
+def _get(admin, key: str) -> bytes | None:
+    try:
+        return admin.get(key)
+    except Exception:  # noqa: BLE001 - Redis is switching primaries
+        return None
+
+
+def _stats(admin) -> dict:
+    from tandem.broker import keys
+
+    return admin.hgetall(keys.STATS)

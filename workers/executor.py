@@ -224,6 +224,7 @@ class Executor:
     # The executor thread: IDLE waits on L2, WORKING claims or computes the batch in hand.
 
     def _run(self) -> None:
+        self.table.patience(self.tick, self._stop)  # waiting for replicas is progress
         batch = Batch()
         while not self._stop.is_set() or batch:
             self.tick()

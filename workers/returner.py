@@ -107,6 +107,7 @@ class Returner:
     def _loop(self) -> None:
         """Store each computed batch. It retries only disconnects (tandem.broker.retry): any
         other error ends it, and the executor thread then restarts."""
+        self.owner.table.patience(self.owner.tick, None)  # close() bounds a wait on stop
         while True:
             done = self._slot.get()
             try:

@@ -79,22 +79,26 @@ end
 
 -- Store a Celery result and publish it, unless a SUCCESS or a REVOKED is already
 -- stored: a redelivered task keeps one consistent result, and a revoked task's result
--- never flips. One SET ... GET; the rare kept result is written back. Returns true if
--- it stored; false and Redis's error if the key refused it (a key of another type).
+-- never flips. One SET ... GET; the rare kept result is written back. The very same
+-- bytes stored already are this store repeated (a retry after a lost reply or a
+-- failover), not a second compute: no duplicate, nothing published again. Returns
+-- 'stored', 'same' or 'kept'; or false and Redis's error if the key refused it (a key
+-- of another type).
 local function store_result(key, meta, ttl, stats)
   local old = redis.pcall('SET', key, meta, 'EX', ttl, 'GET')
   if type(old) == 'table' and old.err then return false, old.err end
+  if old == meta then return 'same' end
   if old then
     local ok, decoded = pcall(cjson.decode, old)
     local status = ok and type(decoded) == 'table' and decoded.status
     if status == 'SUCCESS' or status == 'REVOKED' then
       redis.call('SET', key, old, 'KEEPTTL')
       if status == 'SUCCESS' then redis.call('HINCRBY', stats, 'duplicates', 1) end
-      return false
+      return 'kept'
     end
   end
   redis.call('PUBLISH', key, meta)
-  return true
+  return 'stored'
 end
 
 -- Add one JSON record to the dead-letter list, newest first, capped and expiring.

@@ -3,6 +3,12 @@
 -- redelivered task keeps one consistent result.
 -- The batch's metrics counters are added in the same step, and the executor's latency
 -- model, when given, replaces its share of the model's speed hash.
+-- Running it again with the same arguments (a retry after a lost reply, or after a
+-- failover, when the first run may or may not have reached the new primary) changes
+-- nothing that the first run made: a result already stored with the same bytes is
+-- left alone, a dead letter is added only for a message still in in-flight, and the
+-- counters are added only when the run found one of its messages in in-flight or
+-- stored a result anew.
 -- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash, and the
 --       speed hash when a latency model is given
 -- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, M, then M (metrics field,
@@ -14,14 +20,6 @@
 local RESULT_PREFIX, METRICS_PREFIX = 'celery-task-meta-', 'tandem:metrics:'
 local speed = 5 + 2 * tonumber(ARGV[4])
 local first = speed + 6
-for i = 5, speed - 1, 2 do
-  local by = ARGV[i + 1]
-  if string.find(by, '^-?%d+$') then
-    redis.call('HINCRBY', KEYS[5], ARGV[i], by)
-  else
-    redis.call('HINCRBYFLOAT', KEYS[5], ARGV[i], by)
-  end
-end
 -- In-flight holds the oldest claims on the right, in the order the batch lists
 -- them: when its last N entries are this batch, one LTRIM drops them all; otherwise
 -- each task is removed on its own, searched from the right.
@@ -29,12 +27,25 @@ local n = (#ARGV - first + 1) / 3
 local tail = n > 0 and redis.call('LRANGE', KEYS[1], -n, -1) or {}
 local in_order = n > 0 and #tail == n
 for i = first, #ARGV, 3 do
+  in_order = in_order and tail[n - (i - first) / 3] == ARGV[i]
+end
+local held = {}  -- by triple index: the message was in in-flight
+if in_order then
+  redis.call('LTRIM', KEYS[1], 0, -n - 1)
+  for i = first, #ARGV, 3 do held[i] = true end
+else
+  for i = first, #ARGV, 3 do held[i] = redis.call('LREM', KEYS[1], -1, ARGV[i]) > 0 end
+end
+local counted = false
+for i = first, #ARGV, 3 do
   local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  counted = counted or held[i]
   if key == '' then
-    dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4])
+    if held[i] then dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4]) end
   else
-    local _, refused = store_result(key, meta, ARGV[1], KEYS[4])
-    if refused then
+    local stored, refused = store_result(key, meta, ARGV[1], KEYS[4])
+    counted = counted or stored == 'stored'
+    if refused and held[i] then
       local now = redis.call('TIME')
       local record = cjson.encode({
         id = string.sub(key, #RESULT_PREFIX + 1),
@@ -47,12 +58,15 @@ for i = first, #ARGV, 3 do
       dead_letter(KEYS[3], record, ARGV[2], ARGV[3], KEYS[4])
     end
   end
-  in_order = in_order and tail[n - (i - first) / 3] == raw
 end
-if in_order then
-  redis.call('LTRIM', KEYS[1], 0, -n - 1)
-else
-  for i = first, #ARGV, 3 do redis.call('LREM', KEYS[1], -1, ARGV[i]) end
+if not counted then return n end  -- this very batch, stored already
+for i = 5, speed - 1, 2 do
+  local by = ARGV[i + 1]
+  if string.find(by, '^-?%d+$') then
+    redis.call('HINCRBY', KEYS[5], ARGV[i], by)
+  else
+    redis.call('HINCRBYFLOAT', KEYS[5], ARGV[i], by)
+  end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBY', KEYS[2], 'tasks', n)
