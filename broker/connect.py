@@ -48,11 +48,25 @@ def connect(url: str, master: str = "", **options: Any) -> redis.Redis:
     """A client of the Redis at `url`; of the current primary if it is a Sentinel URL."""
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
+    return _primary(Sentinel, url, master, options)
+
+
+def connect_async(url: str, master: str = "", **options: Any):
+    """connect(), for asyncio: a redis.asyncio client."""
+    from redis import asyncio as aioredis
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    if not is_sentinel(url):
+        return aioredis.Redis.from_url(url, **options)
+    return _primary(AsyncSentinel, url, master, options)
+
+
+def _primary(sentinel_class, url: str, master: str, options: dict[str, Any]):
     hosts, password, db = sentinel_parts(url)
     if not master:
         raise BadSetting("a sentinel:// URL needs the master's name: TANDEM_SENTINEL_MASTER")
     timeout = options.get("socket_timeout") or 5.0
-    sentinels = Sentinel(
+    sentinels = sentinel_class(
         hosts,
         socket_timeout=timeout,
         sentinel_kwargs={"password": password, "socket_timeout": timeout},

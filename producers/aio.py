@@ -27,14 +27,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from celery import states
 
 from tandem.broker import keys, message, reads
-from tandem.broker.connect import is_sentinel
+from tandem.broker.connect import connect_async
 from tandem.broker.errors import (
     BadArgument,
-    BadSetting,
     BrokerUnavailable,
     NotReplicated,
     UnknownModel,
@@ -55,13 +53,10 @@ PUBLISHED = (b"pmessage", "pmessage")
 
 class AsyncClient:
     def __init__(self, settings: Settings) -> None:
-        if is_sentinel(settings.redis_url):
-            raise BadSetting(
-                "the HTTP gateway does not take a sentinel:// URL yet: give it the primary's "
-                "redis:// URL (its Client and workers may use Sentinel)"
-            )
         self.settings = settings
-        self.redis = aioredis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        self.redis = connect_async(
+            settings.redis_url, settings.sentinel_master, health_check_interval=10
+        )
         self._route = self.redis.register_script(source("route"))
         self.token = secrets.token_hex(4)
         self._random = random.Random(secrets.randbits(128))

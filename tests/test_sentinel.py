@@ -225,3 +225,42 @@ def _stats(admin) -> dict:
     from tandem.broker import keys
 
     return admin.hgetall(keys.STATS)
+
+
+def test_the_http_gateway_follows_the_primary(group, tmp_path):
+    """`tandem http` on the sentinel:// URL: it infers, and after the primary is killed
+    it infers again, by itself, through tritonclient as a Triton user would."""
+    import numpy as np
+    import tritonclient.http as triton_http
+
+    settings = fast_settings(group.url, sentinel_master="tandem")
+    admin = connect(group.url, "tandem")
+    processes = Processes(settings, admin, tmp_path / "logs")
+    try:
+        processes.worker("w1")
+        processes.coordinator()
+        url = processes.gateway()
+        client = triton_http.InferenceServerClient(url.removeprefix("http://"))
+        rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+        def infer() -> np.ndarray:
+            x = triton_http.InferInput("x", list(rows.shape), "FP32")
+            x.set_data_from_numpy(rows)
+            return client.infer("sim", [x], model_version="1").as_numpy("y")
+
+        assert np.array_equal(infer(), rows)
+        old = group.primary()
+        group.server(old).kill()
+
+        def served() -> bool:
+            try:
+                return np.array_equal(infer(), rows)
+            except Exception:  # noqa: BLE001 - 503s and resets while the primary switches
+                return False
+
+        wait_until(served, 60, "the gateway to infer again after the failover")
+        assert group.primary() not in (None, old)
+        assert all(p.poll() is None for p in processes.started)  # nobody restarted by hand
+    finally:
+        processes.stop_all()
+        admin.close()
