@@ -556,3 +556,32 @@ def test_a_refused_requeue_keeps_the_letter(table, r):
     with pytest.raises(UnknownModel):
         deadletter.requeue(table, letter)
     assert deadletter.count(r) == 1
+
+
+def test_a_queue_of_another_type_is_set_aside_and_the_task_enqueued(table, r):
+    """Anyone with Redis can write at tandem's keys: a string at L1 is moved to
+    L1:wrongtype (kept, read by nobody) and the task goes into a fresh L1."""
+    r.set(keys.l1(MODEL), b"not a queue")
+    r.set(keys.retry(MODEL), b"nor this")
+    register(table, "a")  # WORKING: a task goes to L1
+    task_id, _ = route(table, 0)
+    assert ids_in(r, keys.l1(MODEL)) == [task_id]
+    assert r.get(keys.l1(MODEL) + ":wrongtype") == b"not a queue"
+    assert [json.loads(m)["headers"]["id"] for m in table.claim("a", MODEL, 1)] == [task_id]
+    assert r.get(keys.retry(MODEL) + ":wrongtype") is None  # not read by a plain claim
+    idle(table, "a")  # claim_or_idle reads the retry list: set aside there too
+    assert r.get(keys.retry(MODEL) + ":wrongtype") == b"nor this"
+
+
+def test_a_counter_that_is_not_a_number_starts_again(table, r):
+    r.hset(keys.metrics(MODEL), "route:L1", b"junk")
+    r.hset(keys.STATS, "registrations", b"1.5e")
+    register(table, "a")
+    route(table, 0)
+    assert r.hget(keys.metrics(MODEL), "route:L1") == b"1"
+    assert r.hget(keys.STATS, "registrations") == b"1"
+    r.delete(keys.metrics(MODEL))
+    r.rpush(keys.metrics(MODEL), b"a list")
+    route(table, 1)
+    assert r.hget(keys.metrics(MODEL), "route:L1") == b"1"
+    assert r.lrange(keys.metrics(MODEL) + ":wrongtype", 0, -1) == [b"a list"]

@@ -3,11 +3,11 @@ no process, `tandem status` and /metrics still answer, and good tasks are still 
 
 The corruption reaches what the readers read: the executor table (models, an executor's
 hash, the deadlines, the state stream and its relay mark), the counters and the lists the
-coordinator drains, with junk members, junk fields and junk values, and wrong types for the
-keys no script writes on a task's path (the changes stream is written there, but only for
-observers: a wrong type at it loses the records, not the step). A wrong type at a queue
-or at a hash a script writes for every task (L1, the stats or metrics hash of a served
-model) stops that model: it is not here.
+coordinator drains, with junk members, junk fields and junk values, and wrong types. The
+queues and counters a script writes for every task (a served model's L1 at each priority
+and its retry list, the stats and its metrics hash) get wrong types and junk counter
+values too: the scripts set a wrong-typed key aside (KEY:wrongtype) and start a counter
+that is not a number again, so the model goes on.
 """
 
 from __future__ import annotations
@@ -53,7 +53,26 @@ def corruptions(executor_id: str):
         st.builds(lambda v: ("retype", keys.RELAYED, v), junk),
         st.builds(lambda v: ("retype", keys.STATE_STREAM, v), junk),
         st.builds(lambda v: ("retype", keys.metrics("ghost:1"), v), junk),
+        st.builds(lambda v: ("retype", keys.metrics("sim:1"), v), junk),
+        st.builds(lambda v: ("retype", keys.STATS, v), junk),
+        st.builds(
+            lambda kv: ("retype", *kv),
+            st.tuples(st.sampled_from([*keys.l1_keys("sim:1"), keys.retry("sim:1")]), junk),
+        ),
+        st.builds(
+            lambda fv: ("hset", keys.metrics("sim:1"), fv),
+            st.tuples(st.sampled_from(COUNTED), junk),
+        ),
+        st.builds(
+            lambda fv: ("hset", keys.STATS, fv),
+            st.tuples(st.sampled_from([b"duplicates", b"registrations", b"redelivered"]), junk),
+        ),
     )
+
+
+#: Counters of a model's metrics hash that the scripts add to on every task's path.
+COUNTED = [b"route:L2", b"route:L1", b"outcome:SUCCESS", b"deadline:met", b"compute_ms:sum"]
+LISTS = {keys.DEAD, keys.POISON, keys.retry("sim:1"), *keys.l1_keys("sim:1")}
 
 
 def apply(r, change) -> None:
@@ -82,7 +101,7 @@ def _apply(r, change) -> None:
         r.set(key, arg)
     else:  # retype: a key of the wrong type
         r.delete(key)
-        r.set(key, arg) if key.endswith(("dead", "poison")) else r.rpush(key, arg or b"x")
+        r.set(key, arg) if key in LISTS else r.rpush(key, arg or b"x")
 
 
 def test_hand_written_values_and_types_end_no_reader(processes, settings, r):

@@ -21,6 +21,44 @@ local function not_ready(hash, id)
   if key then redis.call('ZREM', key, id) end
 end
 
+-- The queues and counters every task passes through (L1, the retry, poison and dead-letter
+-- lists, the stats and metrics hashes) are tandem's, but anyone with Redis can write
+-- there. A key found holding another type is moved aside to KEY:wrongtype (kept for
+-- whoever wrote it, read by nobody) and noted in Redis's log, so the step goes on with
+-- a fresh key instead of stopping the model. Returns true if it moved the key.
+local function set_aside(key, wanted)
+  local found = redis.call('TYPE', key)['ok']
+  if found == wanted or found == 'none' then return false end
+  redis.call('RENAME', key, key .. ':wrongtype')
+  redis.log(redis.LOG_WARNING, 'tandem: ' .. key .. ' held a ' .. found .. ', not a ' ..
+    wanted .. '; moved to ' .. key .. ':wrongtype')
+  return true
+end
+
+-- redis.call(command, key, ...) for a list of those queues: one that holds another type
+-- is set aside first. Any other error is raised, as redis.call raises it.
+local function on_list(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply.err then
+    if not set_aside(key, 'list') then error(reply) end
+    reply = redis.call(command, key, ...)
+  end
+  return reply
+end
+
+-- Add `by` to a counter of the stats or a metrics hash. A hash of another type is set
+-- aside; a field that is not a number starts again at `by`.
+local function tally(key, field, by)
+  local command = string.find(tostring(by), '^-?%d+$') and 'HINCRBY' or 'HINCRBYFLOAT'
+  local reply = redis.pcall(command, key, field, by)
+  if type(reply) ~= 'table' or not reply.err then return end
+  if set_aside(key, 'hash') then
+    redis.call(command, key, field, by)
+  elseif type(redis.pcall('HINCRBYFLOAT', key, field, by)) == 'table' then
+    redis.call('HSET', key, field, by)
+  end
+end
+
 -- Append one executor state change to the changes stream. model and ms, when the
 -- caller knows them, save a read each. The stream is for observers: a key of another
 -- type there loses the record (pcall), never the step that changed the state.
@@ -56,7 +94,7 @@ end
 local function claim_l1(first, last, inflight, n, out)
   for i = first, last do
     if n <= 0 then break end
-    local items = redis.call('RPOP', KEYS[i], n)
+    local items = on_list('RPOP', KEYS[i], n)
     if items then
       push_all(inflight, items)
       for _, m in ipairs(items) do out[#out + 1] = m end
@@ -71,7 +109,7 @@ end
 -- empty, move one retry task into in-flight; returns true if it did.
 local function claim_retry(retry, inflight, out)
   if #out > 0 then return false end
-  local m = redis.call('RPOPLPUSH', retry, inflight)
+  local m = on_list('RPOPLPUSH', retry, inflight)
   if not m then return false end
   out[1] = m
   return true
@@ -93,7 +131,7 @@ local function store_result(key, meta, ttl, stats)
     local status = ok and type(decoded) == 'table' and decoded.status
     if status == 'SUCCESS' or status == 'REVOKED' then
       redis.call('SET', key, old, 'KEEPTTL')
-      if status == 'SUCCESS' then redis.call('HINCRBY', stats, 'duplicates', 1) end
+      if status == 'SUCCESS' then tally(stats, 'duplicates', 1) end
       return 'kept'
     end
   end
@@ -103,10 +141,10 @@ end
 
 -- Add one JSON record to the dead-letter list, newest first, capped and expiring.
 local function dead_letter(dead, record, cap, ttl, stats)
-  redis.call('LPUSH', dead, record)
+  on_list('LPUSH', dead, record)
   redis.call('LTRIM', dead, 0, tonumber(cap) - 1)
   redis.call('EXPIRE', dead, ttl)
-  redis.call('HINCRBY', stats, 'dead_lettered', 1)
+  tally(stats, 'dead_lettered', 1)
 end
 
 -- The reply of a claiming script: 1 if the batch is one redelivered task, else 0,

@@ -57,8 +57,8 @@ local function route_messages(KEYS, ARGV)
         lag, extra = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
         batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
       end
-      ahead = redis.call('LLEN', KEYS[5])
-      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + redis.call('LLEN', KEYS[k]) end
+      ahead = on_list('LLEN', KEYS[5])
+      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + on_list('LLEN', KEYS[k]) end
     end
     if rate <= 1e-6 then return nil end
     -- Claims take batches of about `batch`: the next one comes after half of one, on average.
@@ -76,7 +76,7 @@ local function route_messages(KEYS, ARGV)
       if unknown then return unknown end
       if max_queue > 0 and not depth then
         depth = 0
-        for k = 8, #KEYS do depth = depth + redis.call('LLEN', KEYS[k]) end
+        for k = 8, #KEYS do depth = depth + on_list('LLEN', KEYS[k]) end
       end
       local predicted = wait()
       if max_queue > 0 and depth >= max_queue then
@@ -85,7 +85,7 @@ local function route_messages(KEYS, ARGV)
         out[#out + 1] = {math.ceil(predicted), ahead, math.floor(budget)}
         refused = refused + 1
       else
-        redis.call('LPUSH', KEYS[3], ARGV[i])
+        on_list('LPUSH', KEYS[3], ARGV[i])
         if depth then depth = depth + 1 end
         if ahead then ahead = ahead + 1 end
         to_l1 = to_l1 + 1
@@ -93,8 +93,8 @@ local function route_messages(KEYS, ARGV)
       end
     end
   end
-  if routed > 0 then redis.call('HINCRBY', ARGV[5], 'route:L2', routed) end
-  if to_l1 > 0 then redis.call('HINCRBY', ARGV[5], 'route:L1', to_l1) end
-  if refused > 0 then redis.call('HINCRBY', ARGV[5], 'shed:submit', refused) end
+  if routed > 0 then tally(ARGV[5], 'route:L2', routed) end
+  if to_l1 > 0 then tally(ARGV[5], 'route:L1', to_l1) end
+  if refused > 0 then tally(ARGV[5], 'shed:submit', refused) end
   return out
 end

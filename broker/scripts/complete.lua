@@ -60,14 +60,7 @@ for i = first, #ARGV, 3 do
   end
 end
 if not counted then return n end  -- this very batch, stored already
-for i = 5, speed - 1, 2 do
-  local by = ARGV[i + 1]
-  if string.find(by, '^-?%d+$') then
-    redis.call('HINCRBY', KEYS[5], ARGV[i], by)
-  else
-    redis.call('HINCRBYFLOAT', KEYS[5], ARGV[i], by)
-  end
-end
+for i = 5, speed - 1, 2 do tally(KEYS[5], ARGV[i], ARGV[i + 1]) end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBY', KEYS[2], 'tasks', n)
   redis.call('HINCRBY', KEYS[2], 'batches', 1)

@@ -11,12 +11,12 @@ local ready = Ready(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[#KEYS], now_ms())
 local moved = 0
 for i = 2, #KEYS - 1 do
   while true do
-    if redis.call('LLEN', KEYS[i]) == 0 then break end
+    if on_list('LLEN', KEYS[i]) == 0 then break end
     local id, state, window = ready.top()
     if not id then break end
-    ready.hand(id, state, window, redis.call('RPOP', KEYS[i]))
+    ready.hand(id, state, window, on_list('RPOP', KEYS[i]))
     moved = moved + 1
   end
 end
-if moved > 0 then redis.call('HINCRBY', ARGV[4], 'route:L2', moved) end
+if moved > 0 then tally(ARGV[4], 'route:L2', moved) end
 return moved

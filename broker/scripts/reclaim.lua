@@ -16,7 +16,7 @@ local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_ms'))
 if ARGV[2] ~= '1' and expires and expires > now_ms() then return -1 end
 local n = 0
 for _, m in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  redis.call('RPUSH', l1_of(m, 9), m)
+  on_list('RPUSH', l1_of(m, 9), m)
   n = n + 1
 end
 redis.call('DEL', KEYS[3])
@@ -30,18 +30,18 @@ for _, m in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
   end
   local times = redis.call('LLEN', deliveries)
   if times >= most then
-    redis.call('RPUSH', KEYS[8], m)
+    on_list('RPUSH', KEYS[8], m)
     poisoned = poisoned + 1
   elseif times > 0 then
-    redis.call('RPUSH', KEYS[7], m)
+    on_list('RPUSH', KEYS[7], m)
   else
-    redis.call('RPUSH', l1_of(m, 9), m)
+    on_list('RPUSH', l1_of(m, 9), m)
   end
   redelivered = redelivered + 1
 end
 redis.call('DEL', KEYS[4])
-if redelivered > 0 then redis.call('HINCRBY', KEYS[6], 'redelivered', redelivered) end
-if poisoned > 0 then redis.call('HINCRBY', KEYS[6], 'poisoned', poisoned) end
+if redelivered > 0 then tally(KEYS[6], 'redelivered', redelivered) end
+if poisoned > 0 then tally(KEYS[6], 'poisoned', poisoned) end
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
 set_speed(KEYS[1], KEYS[14], 0, 0, 0)

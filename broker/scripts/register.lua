@@ -26,5 +26,5 @@ else
 end
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 -- Every start, restart in place and registration after a reclaim: flapping shows here.
-redis.call('HINCRBY', KEYS[5], 'registrations', 1)
+tally(KEYS[5], 'registrations', 1)
 return 1

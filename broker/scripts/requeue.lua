@@ -4,7 +4,7 @@
 -- Overloaded) or an unknown model changes nothing: the letter stays.
 -- KEYS: dead list, the message's deliveries key, then route.lua's keys
 -- ARGV: the letter as stored, then route.lua's arguments with the one message
-if not redis.call('LPOS', KEYS[1], ARGV[1]) then
+if not on_list('LPOS', KEYS[1], ARGV[1]) then
   return redis.error_reply('NO_LETTER the dead letter is gone (requeued or purged)')
 end
 local route_keys, route_argv = {}, {}
