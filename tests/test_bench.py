@@ -190,3 +190,15 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
     assert bare["ratio_p50"] == 1.0 and floor["over_floor_p50"] == 1.0
     commands = {row["command"] for row in report["redis_us"]}
     assert {"route", "complete"} <= commands  # its own scripts, timed by Redis
+
+
+def test_the_replicas_profile_times_both_settings(tmp_path):
+    from tandem.broker.settings import load_settings
+    from tandem.tools import replicas
+
+    report = replicas.run_replicas(
+        load_settings(env={}, loglevel="WARNING"), tasks=5, blocks=1, spacing_ms=1.0
+    )
+    assert [row["min_replicas"] for row in report["rows"]] == [0, 1]
+    for row in report["rows"]:
+        assert row["tasks"] == 5 and 0 < row["p50_ms"] <= row["p99_ms"]

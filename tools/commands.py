@@ -43,7 +43,9 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option("--quick", is_flag=True, help="A short sweep (under 2 minutes).")
 @click.option(
     "--profile",
-    type=click.Choice(["sim", "embed", "prep", "fleet", "overhead", "overload", "latency", "http"]),
+    type=click.Choice(
+        ["sim", "embed", "prep", "fleet", "overhead", "overload", "latency", "http", "replicas"]
+    ),
     default="sim",
     show_default=True,
     help="sim: the simulated GPU; embed: the real MiniLM model; prep: sim with 0.3 ms of "
@@ -51,7 +53,8 @@ def demo(workers, rates, seconds, **flags) -> None:
     "overhead: a zero-cost model, tasks/s and Redis CPU per task; overload: goodput at "
     "multiples of the measured capacity, every task with a deadline; latency: tandem's own "
     "path against a bare LPUSH-BLMOVE-PUBLISH path, one task at a time; http: the HTTP "
-    "gateway against a direct Client (latency added, CPU per request, the sim sweep).",
+    "gateway against a direct Client (latency added, CPU per request, the sim sweep); "
+    "replicas: a task's latency with min_replicas 0 and 1 (a primary and one replica).",
 )
 @click.option(
     "--systems",
@@ -96,6 +99,10 @@ def bench(
     if profile == "latency":
         setup_logging("WARNING")
         _latency_bench(quick, json_path)
+        return
+    if profile == "replicas":
+        setup_logging("WARNING")
+        _replicas_bench(quick, json_path)
         return
     if profile == "http":
         require("http", "tandem bench --profile http")
@@ -180,6 +187,29 @@ def _latency_bench(quick, json_path) -> None:
         rows_table("Redis's own time per command, tandem blocks", latency.REDIS_COLUMNS,
                    report["redis_us"])
     )  # fmt: skip
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _replicas_bench(quick, json_path) -> None:
+    from rich.console import Console
+
+    from tandem.tools import replicas
+    from tandem.tools.bench import rows_table
+
+    console = Console(width=140)
+    report = replicas.run_replicas(
+        load_settings(),
+        tasks=100 if quick else 200,
+        progress=lambda text: console.print(f"[dim]{text}[/dim]"),
+    )
+    title = (
+        f"tandem bench, profile replicas: submit and get(), one at a time, "
+        f"{report['spacing_ms']:g} ms apart, sim at zero cost, a primary and one replica"
+    )
+    console.print(rows_table(title, replicas.COLUMNS, report["rows"]))
     if json_path:
         from pathlib import Path
 
