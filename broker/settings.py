@@ -148,8 +148,16 @@ class Settings:
             )
         if not self.models:
             out.append("models must name at least one NAME:VERSION")
-        if self.redis_url.startswith("sentinel://") and not self.sentinel_master:
-            out.append("a sentinel:// redis_url needs sentinel_master, the primary's name")
+        if self.redis_url.startswith("sentinel://"):
+            if not self.sentinel_master:
+                out.append("a sentinel:// redis_url needs sentinel_master, the primary's name")
+            from tandem.broker.connect import sentinel_parts, sentinel_tls  # imports redis
+
+            try:
+                sentinel_parts(self.redis_url)
+                sentinel_tls(self.redis_url)
+            except BadSetting as e:
+                out.append(str(e))
         return out
 
     def replace(self, **changes: Any) -> Settings:

@@ -158,31 +158,60 @@ class SentinelGroup:
 
     url is the sentinel:// URL every tandem process, Celery and Flower take, with
     `master` as sentinel_master. down_after_ms: how long the sentinels wait before they
-    call the primary down and promote the replica."""
+    call the primary down and promote the replica. tls: a (certificate, key) pair, as for
+    RedisServer: every server and sentinel then speaks TLS only, replication too (binary:
+    a redis-server built with TLS)."""
 
-    def __init__(self, data_dir: str | Path, master: str = "tandem", down_after_ms: int = 1000):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        master: str = "tandem",
+        down_after_ms: int = 1000,
+        binary: str | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ):
         self.data_dir = Path(data_dir)
         self.master = master
         self.down_after_ms = down_after_ms
-        self.servers = [RedisServer(self.data_dir / "a"), RedisServer(self.data_dir / "b")]
+        self.binary, self.tls = binary, tls
+        self.servers = [
+            RedisServer(self.data_dir / name, binary=binary, tls=tls) for name in ("a", "b")
+        ]
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: list[subprocess.Popen] = []
 
     @property
     def url(self) -> str:
-        return ";".join(f"sentinel://127.0.0.1:{p}/0" for p in self.sentinel_ports)
+        parts = [f"sentinel://127.0.0.1:{p}/0" for p in self.sentinel_ports]
+        if self.tls:
+            parts[0] += f"?ssl_cert_reqs=required&ssl_ca_certs={self.tls[0].resolve()}"
+        return ";".join(parts)
+
+    def _tls_lines(self) -> str:
+        if not self.tls:
+            return ""
+        cert, key = (p.resolve() for p in self.tls)
+        return (
+            f"tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {cert}\n"
+            "tls-auth-clients no\ntls-replication yes\n"
+        )
 
     def start(self, timeout_s: float = 20.0) -> SentinelGroup:
         primary, replica = self.servers
         primary.start()
         replica.args = ("--replicaof", "127.0.0.1", str(primary.port))
+        if self.tls:
+            replica.args += ("--tls-replication", "yes")
         replica.start()
         for port in self.sentinel_ports:
             folder = self.data_dir / f"sentinel-{port}"
             folder.mkdir(parents=True, exist_ok=True)
             config = folder / "sentinel.conf"  # sentinels rewrite their config: one each
+            listen = (
+                f"port 0\ntls-port {port}\n{self._tls_lines()}" if self.tls else f"port {port}\n"
+            )
             config.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {folder.resolve()}\n"
+                f"{listen}bind 127.0.0.1\ndir {folder.resolve()}\n"
                 f"sentinel monitor {self.master} 127.0.0.1 {primary.port} 2\n"
                 f"sentinel down-after-milliseconds {self.master} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.master} {max(3 * self.down_after_ms, 3000)}\n"
@@ -190,7 +219,7 @@ class SentinelGroup:
             log_file = open(folder / "sentinel.log", "ab")  # noqa: SIM115 - owned by the process
             self.sentinels.append(
                 subprocess.Popen(
-                    [redis_binary(), str(config), "--sentinel"],
+                    [self.binary or redis_binary(), str(config), "--sentinel"],
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                 )
@@ -204,8 +233,11 @@ class SentinelGroup:
         return self
 
     def _ask(self, *command: str):
+        tls = {}
+        if self.tls:
+            tls = {"ssl": True, "ssl_ca_certs": str(self.tls[0].resolve())}
         for port in self.sentinel_ports:
-            client = redis.Redis(port=port, socket_timeout=0.5)
+            client = redis.Redis("127.0.0.1", port, socket_timeout=0.5, **tls)
             try:
                 return client.execute_command(*command)
             except redis.RedisError:

