@@ -112,7 +112,8 @@ def celery_options(url: str, master: str) -> dict[str, Any]:
         "result_backend_transport_options": transport,
     }
     tls = sentinel_tls(url)
-    if tls:  # kombu reads the URL's query for the primary; the sentinels need it said
+    if tls:  # to the sentinels (sentinel_kwargs) and to the primary, for each client
         transport["sentinel_kwargs"] = _tls_options(url)
+        options["broker_use_ssl"] = tls  # kombu reads the query too; Flower reads only this
         options["redis_backend_use_ssl"] = tls
     return options

@@ -337,7 +337,8 @@ def test_complete_run_again_changes_nothing(table, r):
     junk = b'{"headers": {}}'  # no usable id: a dead letter
     r.lpush(keys.inflight("a"), junk)
     entries = [
-        (raw, keys.result(i), results.success(i, [n])) for n, (raw, i) in enumerate(zip(raws, ids))
+        (raw, keys.result(i), results.success(i, [n]))
+        for n, (raw, i) in enumerate(zip(raws, ids, strict=True))
     ]
     entries.append((junk, "", '{"reason": "BadInput: no id"}'))
     counts = {"outcome:SUCCESS": 2}

@@ -332,6 +332,48 @@ def test_sentinel_over_tls_serves_and_fails_over(tls_group, tmp_path):
 
             wait_until(served, 60, "tasks served again over TLS after the failover")
             assert tls_group.primary() not in (None, old)
+            queues = _flower_queues(settings, tmp_path)  # read by LLEN over its connection
+            assert queues and all(isinstance(n, int) for n in queues.values()), queues
     finally:
         processes.stop_all()
         admin.close()
+
+
+def _flower_queues(settings, tmp_path) -> dict:
+    """Flower, as compose runs it, asked for its Broker page's queue lengths: its own
+    Redis connection, through the sentinels, over TLS."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tandem.server import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "FLOWER_UNAUTHENTICATED_API": "true",
+        "TANDEM_REDIS_URL": settings.redis_url,
+        "TANDEM_SENTINEL_MASTER": settings.sentinel_master,
+    }
+    argv = [sys.executable, "-m", "celery", "-A", "tandem.broker.celeryapp", "flower",
+            f"--port={port}", "--address=127.0.0.1"]  # fmt: skip
+    with open(tmp_path / "flower.log", "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+
+        def lengths() -> dict | None:
+            assert process.poll() is None, (tmp_path / "flower.log").read_text()
+            try:
+                url = f"http://127.0.0.1:{port}/api/queues/length"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    found = json.loads(response.read())["active_queues"]
+            except OSError:
+                return None
+            return {q["name"]: q["messages"] for q in found} or None
+
+        return wait_until(lengths, 60, "Flower's queue lengths")
+    finally:
+        process.terminate()
+        process.wait(20)
