@@ -107,10 +107,14 @@ def claim_keys(model: str) -> list[str]:
     return [retry(model), *l1_keys(model)]
 
 
+#: SET per model of the ids of the executors serving it (see executors()).
+EXECUTORS_PREFIX = "tandem:executors:"
+
+
 def executors(model: str) -> str:
     """SET of executor ids serving this model."""
     parse_model(model)
-    return f"tandem:executors:{model}"
+    return f"{EXECUTORS_PREFIX}{model}"
 
 
 def ready(model: str) -> str:

@@ -41,6 +41,33 @@ def typed(key: str, default: T, read: Callable[[], T]) -> T:
         return default
 
 
+def typed_reply(reply, key: str, default):
+    """A pipelined reply (execute(raise_on_error=False)), or `default` for a WRONGTYPE
+    (logged once); any other error is raised."""
+    if isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply):
+        once(f"{key} holds a value of the wrong type; read as empty")
+        return default
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def written(client: redis.Redis, key: str, wanted: str, write: Callable[[], T]) -> T:
+    """write(); if the key holds another type (WRONGTYPE), it is moved aside to
+    KEY:wrongtype, as the scripts do (broker/scripts/_lib.lua set_aside), and write()
+    runs again on a fresh key."""
+    try:
+        return write()
+    except redis.ResponseError as e:
+        found = client.type(key)
+        found = found.decode() if isinstance(found, bytes) else found
+        if "WRONGTYPE" not in str(e) or found in (wanted, "none"):
+            raise
+        client.rename(key, key + ":wrongtype")
+        log.warning("%s held a %s, not a %s; moved to %s:wrongtype", key, found, wanted, key)
+        return write()
+
+
 def text(raw: bytes, where: str) -> str | None:
     """A member or field as text, or None (logged once) if it is not UTF-8."""
     try:
@@ -117,14 +144,7 @@ class Reads:
 
     @staticmethod
     def _typed_reply(reply, key: str, default):
-        """A pipelined reply, or `default` for a WRONGTYPE (logged once); any other error
-        is raised."""
-        if isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply):
-            once(f"{key} holds a value of the wrong type; read as empty")
-            return default
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        return typed_reply(reply, key, default)
 
     def lapsed(self, now_ms: int, limit: int = 1000) -> list[tuple[str, str]]:
         """(executor id, model) of executors whose heartbeat deadline is past, oldest first.

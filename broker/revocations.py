@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import redis
 
 from tandem.broker import keys
-from tandem.broker.readmodel import ms
+from tandem.broker.readmodel import ms, typed, typed_reply, written
 
 
 class Revocations:
@@ -18,20 +18,26 @@ class Revocations:
     def revoke(self, task_ids: Sequence[str], ttl_s: float) -> None:
         """Record revoked ids for ttl_s seconds; expired records are dropped on the way."""
         now = ms(*self.redis.time())
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(keys.REVOKED, {task_id: now + int(ttl_s * 1000) for task_id in task_ids})
-            pipe.zremrangebyscore(keys.REVOKED, "-inf", now)
-            pipe.execute()
+
+        def write() -> None:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(keys.REVOKED, {t: now + int(ttl_s * 1000) for t in task_ids})
+                pipe.zremrangebyscore(keys.REVOKED, "-inf", now)
+                pipe.execute()
+
+        written(self.redis, keys.REVOKED, "zset", write)
 
     def revoked(self, task_ids: Sequence[str]) -> set[str]:
         """Which of task_ids have a live revocation record."""
         if not task_ids:
             return set()
         with self.redis.pipeline(transaction=False) as pipe:
-            (now_s, now_us), scores = pipe.time().zmscore(keys.REVOKED, list(task_ids)).execute()
+            pipe.time().zmscore(keys.REVOKED, list(task_ids))
+            (now_s, now_us), scores = pipe.execute(raise_on_error=False)
+        scores = typed_reply(scores, keys.REVOKED, [None] * len(task_ids))  # wrong type: none
         now = ms(now_s, now_us)
         return {i for i, s in zip(task_ids, scores, strict=True) if s is not None and s > now}
 
     def revocations(self) -> int:
         """How many revocation records exist (expired ones included until pruned)."""
-        return self.redis.zcard(keys.REVOKED)
+        return typed(keys.REVOKED, 0, lambda: self.redis.zcard(keys.REVOKED))

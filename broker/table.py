@@ -26,7 +26,7 @@ from tandem.broker.errors import (
     UnknownModel,
 )
 from tandem.broker.faults import Faults
-from tandem.broker.readmodel import Reads
+from tandem.broker.readmodel import Reads, once, typed, written
 from tandem.broker.retry import DISCONNECTS, Backoff
 from tandem.broker.revocations import Revocations
 from tandem.broker.scripts import Scripts
@@ -338,20 +338,27 @@ class Table(Reads, Revocations):
 
     def publish_spec(self, model: str, spec: Mapping) -> None:
         """Publish the model's tensor signature (workers/models describe()) for gateways."""
-        self.redis.hset(keys.SPECS, model, json.dumps(spec, separators=(",", ":")))
+        spec_json = json.dumps(spec, separators=(",", ":"))
+        written(
+            self.redis, keys.SPECS, "hash", lambda: self.redis.hset(keys.SPECS, model, spec_json)
+        )
 
     def spec(self, model: str) -> dict | None:
         """The model's published tensor signature, or None."""
-        raw = self.redis.hget(keys.SPECS, model)
-        return None if raw is None else json.loads(raw)
+        raw = typed(keys.SPECS, None, lambda: self.redis.hget(keys.SPECS, model))
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            once(f"{keys.SPECS} holds no JSON for {model!r}; read as none")
+            return None
 
     def heartbeat(self, executor_ids: Sequence[str], ttl_ms: int) -> list[str]:
         """Refresh heartbeats; returns the ids that are no longer in the table."""
         if not executor_ids:
             return []
         missing = self.scripts.heartbeat(
-            keys=[keys.DEADLINES, *(keys.executor(i) for i in executor_ids)],
-            args=[ttl_ms, *executor_ids],
+            keys=[keys.DEADLINES, keys.MODELS, *(keys.executor(i) for i in executor_ids)],
+            args=[ttl_ms, keys.EXECUTORS_PREFIX, *executor_ids],
         )
         return [executor_ids[i - 1] for i in missing]
 

@@ -57,7 +57,7 @@ def corruptions(executor_id: str):
         st.builds(lambda v: ("retype", keys.STATS, v), junk),
         st.builds(
             lambda kv: ("retype", *kv),
-            st.tuples(st.sampled_from([*keys.l1_keys("sim:1"), keys.retry("sim:1")]), junk),
+            st.tuples(st.sampled_from(sorted(every_key(executor_id))), junk),
         ),
         st.builds(
             lambda fv: ("hset", keys.metrics("sim:1"), fv),
@@ -70,8 +70,23 @@ def corruptions(executor_id: str):
     )
 
 
+def every_key(executor_id: str) -> set[str]:
+    """Every key broker/keys.py names, for sim:1, its executor and a message: a wrong
+    type at any of them stops nothing for longer than a heartbeat or a retry."""
+    model = "sim:1"
+    return {
+        keys.MODELS, keys.MAX_QUEUE, keys.SLO, keys.SPECS, keys.STATS, keys.STATE_STREAM,
+        keys.DEAD, keys.REVOKED, keys.POISON, keys.DEADLINES, keys.RELAYED, keys.FENCE,
+        keys.deliveries(b"a message"), keys.result("some-task"),
+        *keys.l1_keys(model), keys.retry(model), keys.executors(model), keys.ready(model),
+        keys.speed(model), keys.metrics(model), keys.executor(executor_id),
+        keys.l2(executor_id), keys.inflight(executor_id),
+    }  # fmt: skip
+
+
 #: Counters of a model's metrics hash that the scripts add to on every task's path.
 COUNTED = [b"route:L2", b"route:L1", b"outcome:SUCCESS", b"deadline:met", b"compute_ms:sum"]
+#: Keys that hold lists: a wrong type there is a string; anywhere else, a list.
 LISTS = {keys.DEAD, keys.POISON, keys.retry("sim:1"), *keys.l1_keys("sim:1")}
 
 
@@ -101,7 +116,9 @@ def _apply(r, change) -> None:
         r.set(key, arg)
     else:  # retype: a key of the wrong type
         r.delete(key)
-        r.set(key, arg) if key in LISTS else r.rpush(key, arg or b"x")
+        listed = key in LISTS or key.startswith((keys.L2_PREFIX, keys.INFLIGHT_PREFIX))
+        listed = listed or key.startswith(keys.DELIVERIES_PREFIX)
+        r.set(key, arg) if listed else r.rpush(key, arg or b"x")
 
 
 def test_hand_written_values_and_types_end_no_reader(processes, settings, r):
@@ -148,4 +165,26 @@ def test_hand_written_values_and_types_end_no_reader(processes, settings, r):
     done = tandem("status", "--json", redis_url=settings.redis_url)
     assert done.returncode == 0, done.stderr
     assert worker.poll() is None and coordinator.poll() is None
+    assert "Traceback" not in processes.log("coordinator")
+
+
+def test_a_wrong_type_at_each_key_stops_nothing(processes, settings, r):
+    """Every key in turn: a wrong type there, then a good task is still served, status
+    answers, and no process has exited."""
+    worker = processes.worker("w1")
+    coordinator = processes.coordinator()
+    (executor,) = Table(r).executors()
+    with Client(settings=settings) as client:
+
+        def served() -> bool:
+            try:
+                return client.submit("sim:1", [7]).get(timeout=5) == [7]
+            except Exception:  # noqa: BLE001 - an executor registering again
+                return False
+
+        for key in sorted(every_key(executor.id)):
+            apply(r, ("retype", key, b"junk"))
+            wait_until(served, 30, f"a good task served after a wrong type at {key}")
+            snapshot(r)
+            assert worker.poll() is None and coordinator.poll() is None, key
     assert "Traceback" not in processes.log("coordinator")

@@ -9,23 +9,11 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The model's ready set (keys.ready): executors that can take a task now. Its key is
--- in each executor's hash. WAITING scores its room, IDLE READY_IDLE + since when (us).
-local READY_IDLE = 1099511627776  -- 2^40, keys.READY_IDLE
-local function ready_at(hash, id, score)
-  local key = redis.call('HGET', hash, 'ready')
-  if key then redis.call('ZADD', key, score, id) end
-end
-local function not_ready(hash, id)
-  local key = redis.call('HGET', hash, 'ready')
-  if key then redis.call('ZREM', key, id) end
-end
-
--- The queues and counters every task passes through (L1, the retry, poison and dead-letter
--- lists, the stats and metrics hashes) are tandem's, but anyone with Redis can write
--- there. A key found holding another type is moved aside to KEY:wrongtype (kept for
--- whoever wrote it, read by nobody) and noted in Redis's log, so the step goes on with
--- a fresh key instead of stopping the model. Returns true if it moved the key.
+-- Every key a script touches is tandem's, but anyone with Redis can write there. A key
+-- found holding another type than a step needs is moved aside to KEY:wrongtype (kept for
+-- whoever wrote it, read by nobody) and noted in Redis's log, and the step goes on with
+-- a fresh key instead of stopping the model: an executor whose own hash is set aside
+-- finds itself gone and registers again. Returns true if it moved the key.
 local function set_aside(key, wanted)
   local found = redis.call('TYPE', key)['ok']
   if found == wanted or found == 'none' then return false end
@@ -35,15 +23,47 @@ local function set_aside(key, wanted)
   return true
 end
 
--- redis.call(command, key, ...) for a list of those queues: one that holds another type
--- is set aside first. Any other error is raised, as redis.call raises it.
-local function on_list(command, key, ...)
+-- True while an executor's hash is in the table (a TYPE, as cheap as EXISTS). One of
+-- another type is set aside: that executor is gone, and registers again.
+local function registered(hash)
+  local found = redis.call('TYPE', hash)['ok']
+  if found == 'hash' then return true end
+  if found ~= 'none' then set_aside(hash, 'hash') end
+  return false
+end
+
+-- The type each command needs at its key.
+local NEEDS = {
+  HSET = 'hash', HGET = 'hash', HMGET = 'hash', HDEL = 'hash', HINCRBY = 'hash',
+  HINCRBYFLOAT = 'hash', ZADD = 'zset', ZREM = 'zset', ZRANGE = 'zset', ZCARD = 'zset',
+  LPUSH = 'list', RPUSH = 'list', RPOP = 'list', LLEN = 'list', LRANGE = 'list',
+  LREM = 'list', LTRIM = 'list', LPOS = 'list', RPOPLPUSH = 'list',
+  SADD = 'set', SREM = 'set', SISMEMBER = 'set', XADD = 'stream',
+}
+
+-- redis.call(command, key, ...) on a key of tandem's: one holding another type is set
+-- aside first (RPOPLPUSH: either key). Any other error is raised, as redis.call raises it.
+local function call(command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply.err then
-    if not set_aside(key, 'list') then error(reply) end
+    local moved = string.find(reply.err, 'WRONGTYPE') and set_aside(key, NEEDS[command])
+    if not moved and command == 'RPOPLPUSH' then moved = set_aside((...), 'list') end
+    if not moved then error(reply) end
     reply = redis.call(command, key, ...)
   end
   return reply
+end
+
+-- The model's ready set (keys.ready): executors that can take a task now. Its key is
+-- in each executor's hash. WAITING scores its room, IDLE READY_IDLE + since when (us).
+local READY_IDLE = 1099511627776  -- 2^40, keys.READY_IDLE
+local function ready_at(hash, id, score)
+  local key = call('HGET', hash, 'ready')
+  if key then call('ZADD', key, score, id) end
+end
+local function not_ready(hash, id)
+  local key = call('HGET', hash, 'ready')
+  if key then call('ZREM', key, id) end
 end
 
 -- Add `by` to a counter of the stats or a metrics hash. A hash of another type is set
@@ -55,7 +75,7 @@ local function tally(key, field, by)
   if set_aside(key, 'hash') then
     redis.call(command, key, field, by)
   elseif type(redis.pcall('HINCRBYFLOAT', key, field, by)) == 'table' then
-    redis.call('HSET', key, field, by)
+    call('HSET', key, field, by)
   end
 end
 
@@ -63,7 +83,7 @@ end
 -- caller knows them, save a read each. The stream is for observers: a key of another
 -- type there loses the record (pcall), never the step that changed the state.
 local function change(stream, hash, id, state, model, ms)
-  model = model or redis.call('HGET', hash, 'model') or ''
+  model = model or call('HGET', hash, 'model') or ''
   redis.pcall('XADD', stream, 'MAXLEN', '~', 10000, '*',
     'executor', id, 'model', model, 'state', state, 'ms', ms or now_ms())
 end
@@ -85,7 +105,7 @@ end
 -- commands of up to 256 arguments.
 local function push_all(key, items)
   for i = 1, #items, 256 do
-    redis.call('LPUSH', key, unpack(items, i, math.min(i + 255, #items)))
+    call('LPUSH', key, unpack(items, i, math.min(i + 255, #items)))
   end
 end
 
@@ -94,7 +114,7 @@ end
 local function claim_l1(first, last, inflight, n, out)
   for i = first, last do
     if n <= 0 then break end
-    local items = on_list('RPOP', KEYS[i], n)
+    local items = call('RPOP', KEYS[i], n)
     if items then
       push_all(inflight, items)
       for _, m in ipairs(items) do out[#out + 1] = m end
@@ -109,7 +129,7 @@ end
 -- empty, move one retry task into in-flight; returns true if it did.
 local function claim_retry(retry, inflight, out)
   if #out > 0 then return false end
-  local m = on_list('RPOPLPUSH', retry, inflight)
+  local m = call('RPOPLPUSH', retry, inflight)
   if not m then return false end
   out[1] = m
   return true
@@ -141,8 +161,8 @@ end
 
 -- Add one JSON record to the dead-letter list, newest first, capped and expiring.
 local function dead_letter(dead, record, cap, ttl, stats)
-  on_list('LPUSH', dead, record)
-  redis.call('LTRIM', dead, 0, tonumber(cap) - 1)
+  call('LPUSH', dead, record)
+  call('LTRIM', dead, 0, tonumber(cap) - 1)
   redis.call('EXPIRE', dead, ttl)
   tally(stats, 'dead_lettered', 1)
 end
@@ -164,16 +184,16 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now, mod
   -- on the way; once the set is empty it stays so for the rest of the script.
   function self.top()
     while not empty do
-      local top = redis.call('ZRANGE', set, 0, 0)
+      local top = call('ZRANGE', set, 0, 0)
       if #top == 0 then empty = true; return nil end
-      local h = redis.call('HMGET', hash_prefix .. top[1], 'state', 'cap', 'expires_ms',
+      local h = call('HMGET', hash_prefix .. top[1], 'state', 'cap', 'expires_ms',
         'max_wait_ms')
       local room, expires = tonumber(h[2]), tonumber(h[3])
       if room and room > 0 and expires and expires > now
           and (h[1] == 'IDLE' or h[1] == 'WAITING') then
         return top[1], h[1], tonumber(h[4]) or 0
       end
-      redis.call('ZREM', set, top[1])
+      call('ZREM', set, top[1])
     end
     return nil
   end
@@ -182,19 +202,19 @@ local function Ready(set, hash_prefix, l2_prefix, full_prefix, changes, now, mod
   -- room runs out is told on its full channel.
   function self.hand(id, state, window, m)
     local hash = hash_prefix .. id
-    redis.call('LPUSH', l2_prefix .. id, m)
+    call('LPUSH', l2_prefix .. id, m)
     if window == 0 then
-      redis.call('HSET', hash, 'state', 'WORKING', 'cap', 0)
-      redis.call('ZREM', set, id)
+      call('HSET', hash, 'state', 'WORKING', 'cap', 0)
+      call('ZREM', set, id)
       change(changes, hash, id, 'WORKING', model, now)
       return
     end
-    local room = redis.call('HINCRBY', hash, 'cap', -1)
+    local room = call('HINCRBY', hash, 'cap', -1)
     if room <= 0 then
-      redis.call('ZREM', set, id)
+      call('ZREM', set, id)
       redis.call('PUBLISH', full_prefix .. id, 'full')
     elseif state == 'WAITING' then
-      redis.call('ZADD', set, room, id)
+      call('ZADD', set, room, id)
     end
   end
   return self
@@ -207,20 +227,20 @@ end
 -- that changes an executor's rate, and the hash goes once no rate is left in it, so no
 -- float error outlives the executors.
 local function set_speed(hash, speed, rate, lag, extra)
-  local old = redis.call('HMGET', hash, 'rate', 'lag_ms', 'max_batch', 'extra_ms')
+  local old = call('HMGET', hash, 'rate', 'lag_ms', 'max_batch', 'extra_ms')
   local old_rate, old_lag = tonumber(old[1]) or 0, tonumber(old[2]) or 0
   local batch, old_extra = tonumber(old[3]) or 0, tonumber(old[4]) or 0
   if old_rate == 0 and rate == 0 then return end
-  redis.call('HSET', hash, 'rate', rate, 'lag_ms', lag, 'extra_ms', extra)
-  local left = tonumber(redis.call('HINCRBYFLOAT', speed, 'rate', rate - old_rate))
+  call('HSET', hash, 'rate', rate, 'lag_ms', lag, 'extra_ms', extra)
+  local left = tonumber(call('HINCRBYFLOAT', speed, 'rate', rate - old_rate))
   if left <= 1e-6 then
     redis.call('DEL', speed)
     return
   end
-  redis.call('HINCRBYFLOAT', speed, 'rate_lag', rate * lag - old_rate * old_lag)
-  redis.call('HINCRBYFLOAT', speed, 'rate_extra', rate * extra - old_rate * old_extra)
-  redis.call('HINCRBYFLOAT', speed, 'rate_batch', (rate - old_rate) * batch)
+  call('HINCRBYFLOAT', speed, 'rate_lag', rate * lag - old_rate * old_lag)
+  call('HINCRBYFLOAT', speed, 'rate_extra', rate * extra - old_rate * old_extra)
+  call('HINCRBYFLOAT', speed, 'rate_batch', (rate - old_rate) * batch)
   if (rate > 0) ~= (old_rate > 0) then
-    redis.call('HINCRBY', speed, 'batches', rate > 0 and batch or -batch)
+    call('HINCRBY', speed, 'batches', rate > 0 and batch or -batch)
   end
 end

@@ -35,13 +35,13 @@ local function route_messages(KEYS, ARGV)
   -- already says so), its L1 bound, and the deadline budget (its own, else the SLO).
   local function l1_rules()
     if max_queue then return end
-    if routed == 0 and redis.call('SISMEMBER', KEYS[2], model) == 0 then
+    if routed == 0 and call('SISMEMBER', KEYS[2], model) == 0 then
       return redis.error_reply('UNKNOWN_MODEL no worker serves ' .. model)
     end
-    max_queue = tonumber(redis.call('HGET', ARGV[4], model) or 0)
+    max_queue = tonumber(call('HGET', ARGV[4], model) or 0)
     budget = tonumber(ARGV[7])
     if budget < 0 then
-      budget = tonumber(redis.call('HGET', KEYS[7], model) or 0)
+      budget = tonumber(call('HGET', KEYS[7], model) or 0)
       if budget <= 0 then budget = nil end
     end
   end
@@ -50,15 +50,15 @@ local function route_messages(KEYS, ARGV)
   local function wait()
     if not budget then return nil end
     if not rate then
-      local s = redis.call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
+      local s = call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
         'batches')
       rate = tonumber(s[1]) or 0
       if rate > 1e-6 then
         lag, extra = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
         batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
       end
-      ahead = on_list('LLEN', KEYS[5])
-      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + on_list('LLEN', KEYS[k]) end
+      ahead = call('LLEN', KEYS[5])
+      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + call('LLEN', KEYS[k]) end
     end
     if rate <= 1e-6 then return nil end
     -- Claims take batches of about `batch`: the next one comes after half of one, on average.
@@ -76,7 +76,7 @@ local function route_messages(KEYS, ARGV)
       if unknown then return unknown end
       if max_queue > 0 and not depth then
         depth = 0
-        for k = 8, #KEYS do depth = depth + on_list('LLEN', KEYS[k]) end
+        for k = 8, #KEYS do depth = depth + call('LLEN', KEYS[k]) end
       end
       local predicted = wait()
       if max_queue > 0 and depth >= max_queue then
@@ -85,7 +85,7 @@ local function route_messages(KEYS, ARGV)
         out[#out + 1] = {math.ceil(predicted), ahead, math.floor(budget)}
         refused = refused + 1
       else
-        on_list('LPUSH', KEYS[3], ARGV[i])
+        call('LPUSH', KEYS[3], ARGV[i])
         if depth then depth = depth + 1 end
         if ahead then ahead = ahead + 1 end
         to_l1 = to_l1 + 1

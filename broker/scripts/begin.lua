@@ -4,10 +4,10 @@
 -- KEYS: executor hash, L2, in-flight, changes, retry list, L1 keys of every priority
 -- ARGV: executor id, room (max_batch - taken), taken
 -- Returns 1 if it took a redelivered task, else 0, then the messages moved by this call.
-if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
+if not registered(KEYS[1]) then return redis.error_reply('GONE') end
 local out = {}
 while true do
-  local m = redis.call('RPOPLPUSH', KEYS[2], KEYS[3])
+  local m = call('RPOPLPUSH', KEYS[2], KEYS[3])
   if not m then break end
   out[#out + 1] = m
 end
@@ -16,8 +16,8 @@ if not redelivered then
   claim_l1(6, #KEYS, KEYS[3], tonumber(ARGV[2]) - #out, out)
 end
 if #out == 0 and tonumber(ARGV[3]) == 0 then return claimed(out, false) end
-if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return claimed(out, redelivered) end
-redis.call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
+if call('HGET', KEYS[1], 'state') == 'STOPPING' then return claimed(out, redelivered) end
+call('HSET', KEYS[1], 'state', 'WORKING', 'cap', 0)
 not_ready(KEYS[1], ARGV[1])
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 return claimed(out, redelivered)

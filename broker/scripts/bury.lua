@@ -4,7 +4,7 @@
 -- KEYS: poison list, dead-letter list, its deliveries list, stats[, result key]
 -- ARGV: raw message, dead-letter record, dead-letter cap, dead-letter ttl s
 --       [, result JSON, result ttl s]
-if on_list('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 if KEYS[5] then store_result(KEYS[5], ARGV[5], ARGV[6], KEYS[4]) end
 dead_letter(KEYS[2], ARGV[2], ARGV[3], ARGV[4], KEYS[4])
 redis.call('DEL', KEYS[3])

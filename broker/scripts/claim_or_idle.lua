@@ -7,13 +7,13 @@
 -- ARGV: executor id, max_batch
 -- Returns 2 when it went IDLE (or is STOPPING); else 1 if it took a redelivered
 -- task, 0 if not, then the messages moved into in-flight.
-if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('GONE') end
-if redis.call('HGET', KEYS[1], 'state') == 'STOPPING' then return {2} end
+if not registered(KEYS[1]) then return redis.error_reply('GONE') end
+if call('HGET', KEYS[1], 'state') == 'STOPPING' then return {2} end
 local out = {}
 if claim_retry(KEYS[4], KEYS[2], out) then return claimed(out, true) end
 claim_l1(5, #KEYS, KEYS[2], tonumber(ARGV[2]), out)
 if #out > 0 then return claimed(out, false) end
-redis.call('HSET', KEYS[1], 'state', 'IDLE', 'cap', ARGV[2])
+call('HSET', KEYS[1], 'state', 'IDLE', 'cap', ARGV[2])
 ready_at(KEYS[1], ARGV[1], READY_IDLE + now_us())
 change(KEYS[3], KEYS[1], ARGV[1], 'IDLE')
 return {2}

@@ -24,17 +24,17 @@ local first = speed + 6
 -- them: when its last N entries are this batch, one LTRIM drops them all; otherwise
 -- each task is removed on its own, searched from the right.
 local n = (#ARGV - first + 1) / 3
-local tail = n > 0 and redis.call('LRANGE', KEYS[1], -n, -1) or {}
+local tail = n > 0 and call('LRANGE', KEYS[1], -n, -1) or {}
 local in_order = n > 0 and #tail == n
 for i = first, #ARGV, 3 do
   in_order = in_order and tail[n - (i - first) / 3] == ARGV[i]
 end
 local held = {}  -- by triple index: the message was in in-flight
 if in_order then
-  redis.call('LTRIM', KEYS[1], 0, -n - 1)
+  call('LTRIM', KEYS[1], 0, -n - 1)
   for i = first, #ARGV, 3 do held[i] = true end
 else
-  for i = first, #ARGV, 3 do held[i] = redis.call('LREM', KEYS[1], -1, ARGV[i]) > 0 end
+  for i = first, #ARGV, 3 do held[i] = call('LREM', KEYS[1], -1, ARGV[i]) > 0 end
 end
 local counted = false
 for i = first, #ARGV, 3 do
@@ -61,11 +61,11 @@ for i = first, #ARGV, 3 do
 end
 if not counted then return n end  -- this very batch, stored already
 for i = 5, speed - 1, 2 do tally(KEYS[5], ARGV[i], ARGV[i + 1]) end
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBY', KEYS[2], 'tasks', n)
-  redis.call('HINCRBY', KEYS[2], 'batches', 1)
+if registered(KEYS[2]) then
+  call('HINCRBY', KEYS[2], 'tasks', n)
+  call('HINCRBY', KEYS[2], 'batches', 1)
   if ARGV[speed] ~= '' and KEYS[6] then
-    redis.call('HSET', KEYS[2], 'base_ms', ARGV[speed + 3], 'per_item_ms', ARGV[speed + 4],
+    call('HSET', KEYS[2], 'base_ms', ARGV[speed + 3], 'per_item_ms', ARGV[speed + 4],
       'margin_ms', ARGV[speed + 5])
     set_speed(KEYS[2], KEYS[6], tonumber(ARGV[speed]), tonumber(ARGV[speed + 1]),
       tonumber(ARGV[speed + 2]))

@@ -6,15 +6,15 @@
 -- KEYS: ready set, L1 keys of every priority, changes
 -- ARGV: executor key prefix, L2 key prefix, full channel prefix, metrics hash
 -- Returns the number of tasks handed on.
-if redis.call('ZCARD', KEYS[1]) == 0 then return 0 end
+if call('ZCARD', KEYS[1]) == 0 then return 0 end
 local ready = Ready(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[#KEYS], now_ms())
 local moved = 0
 for i = 2, #KEYS - 1 do
   while true do
-    if on_list('LLEN', KEYS[i]) == 0 then break end
+    if call('LLEN', KEYS[i]) == 0 then break end
     local id, state, window = ready.top()
     if not id then break end
-    ready.hand(id, state, window, on_list('RPOP', KEYS[i]))
+    ready.hand(id, state, window, call('RPOP', KEYS[i]))
     moved = moved + 1
   end
 end

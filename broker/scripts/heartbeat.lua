@@ -1,26 +1,33 @@
 -- Push back the heartbeat deadline of each executor hash in KEYS. An IDLE or
 -- WAITING one with room that route.lua dropped from the ready set while its
 -- heartbeat had lapsed is put back.
--- Each deadline also goes in the deadlines set, where the coordinator finds lapsed ones.
--- KEYS: deadlines set, then executor hashes.
--- ARGV: ttl ms, then each executor's id, in the order of the hashes.
+-- Each deadline also goes in the deadlines set, where the coordinator finds lapsed ones,
+-- and each executor in its model's executors set and the models set: a set that was
+-- set aside (another type was found there) is whole again within a beat.
+-- KEYS: deadlines set, models set, then executor hashes.
+-- ARGV: ttl ms, the executors sets' prefix, then each executor's id, in the order of the
+--       hashes.
 -- Returns the 1-based indexes of hashes that no longer exist.
 local now = now_ms()
 local deadline = now + tonumber(ARGV[1])
 local missing = {}
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   local key, id = KEYS[i], ARGV[i]
-  if redis.call('EXISTS', key) == 1 then
-    redis.call('HSET', key, 'expires_ms', deadline)
-    redis.call('ZADD', KEYS[1], deadline, id)
-    local h = redis.call('HMGET', key, 'state', 'cap', 'ready')
+  if registered(key) then
+    call('HSET', key, 'expires_ms', deadline)
+    call('ZADD', KEYS[1], deadline, id)
+    local h = call('HMGET', key, 'state', 'cap', 'ready', 'model')
+    if h[4] then
+      call('SADD', KEYS[2], h[4])
+      call('SADD', ARGV[2] .. h[4], id)
+    end
     local room = tonumber(h[2]) or 0
     if h[3] and room > 0 and (h[1] == 'IDLE' or h[1] == 'WAITING') then
       local score = h[1] == 'WAITING' and room or READY_IDLE + now_us()
-      redis.call('ZADD', h[3], 'NX', score, id)
+      call('ZADD', h[3], 'NX', score, id)
     end
   else
-    missing[#missing + 1] = i - 1
+    missing[#missing + 1] = i - 2
   end
 end
 return missing

@@ -12,30 +12,30 @@
 -- ARGV: executor id, force ('1' or '0'), count deliveries ('1' or '0'),
 --       max deliveries, deliveries key prefix, deliveries ttl s
 -- Returns the number of tasks moved, or -1 if the executor is alive.
-local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_ms'))
+local expires = tonumber(call('HGET', KEYS[1], 'expires_ms'))
 if ARGV[2] ~= '1' and expires and expires > now_ms() then return -1 end
 local n = 0
-for _, m in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  on_list('RPUSH', l1_of(m, 9), m)
+for _, m in ipairs(call('LRANGE', KEYS[3], 0, -1)) do
+  call('RPUSH', l1_of(m, 9), m)
   n = n + 1
 end
 redis.call('DEL', KEYS[3])
 local count, most = ARGV[3] == '1', tonumber(ARGV[4])
 local redelivered, poisoned = 0, 0
-for _, m in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+for _, m in ipairs(call('LRANGE', KEYS[4], 0, -1)) do
   local deliveries = ARGV[5] .. redis.sha1hex(m)
   if count then
-    redis.call('RPUSH', deliveries, ARGV[1])
+    call('RPUSH', deliveries, ARGV[1])
     redis.call('EXPIRE', deliveries, ARGV[6])
   end
-  local times = redis.call('LLEN', deliveries)
+  local times = call('LLEN', deliveries)
   if times >= most then
-    on_list('RPUSH', KEYS[8], m)
+    call('RPUSH', KEYS[8], m)
     poisoned = poisoned + 1
   elseif times > 0 then
-    on_list('RPUSH', KEYS[7], m)
+    call('RPUSH', KEYS[7], m)
   else
-    on_list('RPUSH', l1_of(m, 9), m)
+    call('RPUSH', l1_of(m, 9), m)
   end
   redelivered = redelivered + 1
 end
@@ -46,6 +46,6 @@ change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
 set_speed(KEYS[1], KEYS[14], 0, 0, 0)
 redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[13], ARGV[1])
+call('SREM', KEYS[2], ARGV[1])
+call('ZREM', KEYS[13], ARGV[1])
 return n + redelivered

@@ -6,23 +6,23 @@
 -- ARGV: executor id, model, worker, max_batch, ttl ms, max_wait_ms, pid, max_queue,
 --       max_queue hash, ready set, slo ms, slo hash
 set_speed(KEYS[1], KEYS[7], 0, 0, 0)
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
+call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
   'state', 'WORKING', 'cap', 0, 'max_batch', ARGV[4], 'max_wait_ms', ARGV[6],
   'pid', ARGV[7], 'expires_ms', now_ms() + tonumber(ARGV[5]),
   'started_ms', now_ms(), 'batches', 0, 'tasks', 0, 'ready', ARGV[10])
 not_ready(KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[6], now_ms() + tonumber(ARGV[5]), ARGV[1])
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('SADD', KEYS[3], ARGV[2])
+call('ZADD', KEYS[6], now_ms() + tonumber(ARGV[5]), ARGV[1])
+call('SADD', KEYS[2], ARGV[1])
+call('SADD', KEYS[3], ARGV[2])
 if tonumber(ARGV[8]) > 0 then
-  redis.call('HSET', ARGV[9], ARGV[2], ARGV[8])
+  call('HSET', ARGV[9], ARGV[2], ARGV[8])
 else
-  redis.call('HDEL', ARGV[9], ARGV[2])
+  call('HDEL', ARGV[9], ARGV[2])
 end
 if tonumber(ARGV[11]) > 0 then
-  redis.call('HSET', ARGV[12], ARGV[2], ARGV[11])
+  call('HSET', ARGV[12], ARGV[2], ARGV[11])
 else
-  redis.call('HDEL', ARGV[12], ARGV[2])
+  call('HDEL', ARGV[12], ARGV[2])
 end
 change(KEYS[4], KEYS[1], ARGV[1], 'WORKING')
 -- Every start, restart in place and registration after a reclaim: flapping shows here.

@@ -4,7 +4,7 @@
 -- Overloaded) or an unknown model changes nothing: the letter stays.
 -- KEYS: dead list, the message's deliveries key, then route.lua's keys
 -- ARGV: the letter as stored, then route.lua's arguments with the one message
-if not on_list('LPOS', KEYS[1], ARGV[1]) then
+if not call('LPOS', KEYS[1], ARGV[1]) then
   return redis.error_reply('NO_LETTER the dead letter is gone (requeued or purged)')
 end
 local route_keys, route_argv = {}, {}
@@ -15,6 +15,6 @@ if reply.err then return reply end
 local routed = reply[1]
 if type(routed) == 'string' or routed == 0 then
   redis.call('DEL', KEYS[2])
-  redis.call('LREM', KEYS[1], 1, ARGV[1])
+  call('LREM', KEYS[1], 1, ARGV[1])
 end
 return reply

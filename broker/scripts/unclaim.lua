@@ -7,8 +7,8 @@
 local n = 0
 for i = #ARGV, 1, -1 do
   local m = ARGV[i]
-  if redis.call('LREM', KEYS[1], -1, m) == 1 then
-    on_list('RPUSH', l1_of(m, 2), m)
+  if call('LREM', KEYS[1], -1, m) == 1 then
+    call('RPUSH', l1_of(m, 2), m)
     n = n + 1
   end
 end
