@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
@@ -45,6 +46,7 @@ def record(
         "reason": reason,
         "executors": list(executors),
         "at": datetime.now(timezone.utc).isoformat(),
+        "at_s": round(time.time(), 3),  # epoch seconds: the scripts expire records by it
     }
     try:
         data["message"] = kept.decode("utf-8")

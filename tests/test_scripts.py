@@ -586,3 +586,18 @@ def test_a_counter_that_is_not_a_number_starts_again(table, r):
     route(table, 1)
     assert r.hget(keys.metrics(MODEL), "route:L1") == b"1"
     assert r.lrange(keys.metrics(MODEL) + ":wrongtype", 0, -1) == [b"a list"]
+
+
+def test_dead_letters_older_than_their_ttl_leave_the_list(r):
+    """A steady trickle of dead letters keeps about one TTL of them, not the cap."""
+    table = Table(r, Settings(dead_letter_ttl_s=60, dead_letter_max=1000))
+    register(table, "a")
+    now = table.now_ms() / 1000
+    old = [json.dumps({"reason": "old", "at_s": now - 120 - n}) for n in range(3)]
+    kept = json.dumps({"reason": "recent", "at_s": now - 30})
+    r.rpush(keys.DEAD, kept, *old)  # newest first: the old ones at the tail
+    junk = b'{"headers": {}}'
+    r.lpush(keys.inflight("a"), junk)
+    table.complete("a", [(junk, "", deadletter.record(junk, "BadInput: no id"))])
+    reasons = [json.loads(x)["reason"] for x in r.lrange(keys.DEAD, 0, -1)]
+    assert reasons == ["BadInput: no id", "recent"]

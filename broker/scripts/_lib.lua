@@ -159,11 +159,22 @@ local function store_result(key, meta, ttl, stats)
   return 'stored'
 end
 
--- Add one JSON record to the dead-letter list, newest first, capped and expiring.
+-- Add one JSON record to the dead-letter list, newest first, capped and expiring: the
+-- list's key expires ttl s after its last record, and records older than ttl s (by their
+-- at_s, epoch seconds) are dropped from its tail, so a steady trickle of dead letters
+-- keeps about ttl s of them, not the cap.
 local function dead_letter(dead, record, cap, ttl, stats)
   call('LPUSH', dead, record)
-  call('LTRIM', dead, 0, tonumber(cap) - 1)
+  redis.call('LTRIM', dead, 0, tonumber(cap) - 1)
   redis.call('EXPIRE', dead, ttl)
+  local t = redis.call('TIME')
+  local oldest = tonumber(t[1]) - tonumber(ttl)
+  for _ = 1, 100 do  -- bounded: a few records age out per record added
+    local ok, tail = pcall(cjson.decode, redis.call('LINDEX', dead, -1) or 'null')
+    local at = ok and type(tail) == 'table' and tonumber(tail.at_s)
+    if not at or at >= oldest then break end
+    redis.call('RPOP', dead)
+  end
   tally(stats, 'dead_lettered', 1)
 end
 

@@ -53,6 +53,7 @@ for i = first, #ARGV, 3 do
         reason = 'ResultRefused: ' .. key .. ': ' .. refused,
         executors = {},
         at = now[1] .. '.' .. string.format('%06d', tonumber(now[2])),
+        at_s = tonumber(now[1]) + tonumber(now[2]) / 1e6,
         message = raw,
       })
       dead_letter(KEYS[3], record, ARGV[2], ARGV[3], KEYS[4])
