@@ -148,7 +148,7 @@ def test_with_min_replicas_a_worker_computes_only_what_a_replica_holds(group, tm
             os.kill(replica.process.pid, signal.SIGSTOP)
             try:
                 task = client.submit("sim:1", [2])
-                held = wait_until(lambda: _in_flight(admin), 10, "the worker to claim the task")
+                held = wait_until(lambda: _in_flight(admin), 30, "the worker to claim the task")
                 assert task.id in held.decode()
                 with pytest.raises(CeleryTimeoutError):  # not computed while it is away
                     task.get(timeout=1.0)
@@ -181,7 +181,7 @@ def test_with_min_replicas_a_result_lost_with_the_primary_is_stored_again(group,
         processes.worker("w1", sim_base_ms=1500.0)
         with Client(settings=settings) as client:
             task = client.submit("sim:1", [7])  # acknowledged: the replica holds it
-            wait_until(lambda: _in_flight(admin), 10, "the worker to claim the task")
+            wait_until(lambda: _in_flight(admin), 30, "the worker to claim the task")
             os.kill(replica.process.pid, signal.SIGSTOP)
             try:
                 first = wait_until(

@@ -42,13 +42,14 @@ local NEEDS = {
 }
 
 -- redis.call(command, key, ...) on a key of tandem's: one holding another type is set
--- aside first (RPOPLPUSH: either key). Any other error is raised, as redis.call raises it.
+-- aside first (RPOPLPUSH: either key). Any other error is raised as redis.call raises it.
 local function call(command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply.err then
     local moved = string.find(reply.err, 'WRONGTYPE') and set_aside(key, NEEDS[command])
     if not moved and command == 'RPOPLPUSH' then moved = set_aside((...), 'list') end
-    if not moved then error(reply) end
+    -- Not a wrong type: run it again with redis.call, which raises its error as Redis
+    -- does (a script cannot raise an error reply by hand in every Redis version).
     reply = redis.call(command, key, ...)
   end
   return reply

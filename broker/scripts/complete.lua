@@ -29,14 +29,14 @@ local in_order = n > 0 and #tail == n
 for i = first, #ARGV, 3 do
   in_order = in_order and tail[n - (i - first) / 3] == ARGV[i]
 end
+-- Which messages are in in-flight, read before anything is written: the first write is
+-- then a result's SET, which Redis refuses under maxmemory, so the whole store is
+-- refused (a script that wrote first would be let through past maxmemory).
 local held = {}  -- by triple index: the message was in in-flight
-if in_order then
-  call('LTRIM', KEYS[1], 0, -n - 1)
-  for i = first, #ARGV, 3 do held[i] = true end
-else
-  for i = first, #ARGV, 3 do held[i] = call('LREM', KEYS[1], -1, ARGV[i]) > 0 end
+for i = first, #ARGV, 3 do
+  held[i] = in_order or call('LPOS', KEYS[1], ARGV[i], 'RANK', -1) ~= false
 end
-local counted = false
+local counted = n == 0  -- an empty batch publishes its latency model alone
 for i = first, #ARGV, 3 do
   local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   counted = counted or held[i]
@@ -58,6 +58,13 @@ for i = first, #ARGV, 3 do
       })
       dead_letter(KEYS[3], record, ARGV[2], ARGV[3], KEYS[4])
     end
+  end
+end
+if in_order then
+  call('LTRIM', KEYS[1], 0, -n - 1)
+else
+  for i = first, #ARGV, 3 do
+    if held[i] then call('LREM', KEYS[1], -1, ARGV[i]) end
   end
 end
 if not counted then return n end  -- this very batch, stored already
