@@ -18,6 +18,18 @@ from tandem.producers.client import Client
 from tandem.server import SentinelGroup
 
 
+def on_group(group, tmp_path, **overrides):
+    """Settings for the group's sentinel:// URL, an admin client, and Processes on it."""
+    settings = fast_settings(group.url, sentinel_master="tandem", **overrides)
+    admin = connect(group.url, "tandem")
+    return settings, admin, Processes(settings, admin, tmp_path / "logs")
+
+
+def replica_of(group):
+    (replica,) = [s for s in group.servers if s.port != group.primary()]
+    return replica
+
+
 @pytest.fixture
 def group(tmp_path):
     sentinels = SentinelGroup(tmp_path / "redis", master="tandem").start()
@@ -35,9 +47,7 @@ def test_the_url_takes_kombus_form():
 
 
 def test_a_killed_primary_is_replaced_and_tasks_are_served_again(group, tmp_path):
-    settings = fast_settings(group.url, sentinel_master="tandem")
-    admin = connect(group.url, "tandem")
-    processes = Processes(settings, admin, tmp_path / "logs")
+    settings, admin, processes = on_group(group, tmp_path)
     try:
         processes.worker("w1")
         processes.coordinator()
@@ -77,10 +87,8 @@ def test_with_min_replicas_a_submit_returns_only_once_a_replica_holds_it(group, 
 
     from tandem.broker.errors import BrokerUnavailable, NotReplicated
 
-    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
-    admin = connect(group.url, "tandem")
-    processes = Processes(settings, admin, tmp_path / "logs")
-    (replica,) = [s for s in group.servers if s.port != group.primary()]
+    settings, admin, processes = on_group(group, tmp_path, min_replicas=1)
+    replica = replica_of(group)
     try:
         processes.worker("w1")
         with Client(settings=settings) as client:
@@ -136,15 +144,15 @@ def test_with_min_replicas_a_worker_computes_only_what_a_replica_holds(group, tm
     import os
     import signal
 
-    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
-    admin = connect(group.url, "tandem")
-    processes = Processes(settings, admin, tmp_path / "logs")
-    (replica,) = [s for s in group.servers if s.port != group.primary()]
+    settings, admin, processes = on_group(group, tmp_path, min_replicas=1)
+    replica = replica_of(group)
     try:
         processes.worker("w1")
         # This producer does not wait for replicas, so its submit goes through.
         with Client(settings=settings.replace(min_replicas=0)) as client:
             assert client.submit("sim:1", [1]).get(timeout=10) == [1]
+            _replicated(admin)  # that task's store and the executor's IDLE, on the replica
+            wait_until(lambda: _states(admin) == ["IDLE"], 30, "the executor IDLE again")
             os.kill(replica.process.pid, signal.SIGSTOP)
             try:
                 task = client.submit("sim:1", [2])
@@ -172,16 +180,15 @@ def test_with_min_replicas_a_result_lost_with_the_primary_is_stored_again(group,
 
     from tandem.broker import keys
 
-    settings = fast_settings(group.url, sentinel_master="tandem", min_replicas=1)
-    admin = connect(group.url, "tandem")
-    processes = Processes(settings, admin, tmp_path / "logs")
+    settings, admin, processes = on_group(group, tmp_path, min_replicas=1)
     old = group.primary()
-    (replica,) = [s for s in group.servers if s.port != old]
+    replica = replica_of(group)
     try:
         processes.worker("w1", sim_base_ms=1500.0)
         with Client(settings=settings) as client:
             task = client.submit("sim:1", [7])  # acknowledged: the replica holds it
             wait_until(lambda: _in_flight(admin), 30, "the worker to claim the task")
+            _replicated(admin)  # the claim, on the replica: the executor computes it
             os.kill(replica.process.pid, signal.SIGSTOP)
             try:
                 first = wait_until(
@@ -214,6 +221,23 @@ def _in_flight(admin) -> bytes | None:
     return None
 
 
+def _replicated(admin) -> None:
+    """Wait until the replica has acknowledged every write the primary has made so far."""
+    offset = admin.info("replication")["master_repl_offset"]
+
+    def acked() -> bool:
+        replica = admin.info("replication").get("slave0") or {}
+        return int(replica.get("offset", -1)) >= offset
+
+    wait_until(acked, 30, "the replica to acknowledge the primary's writes")
+
+
+def _states(admin) -> list[str]:
+    from tandem.broker.table import Table
+
+    return [e.state for e in Table(admin).executors()]
+
+
 def _get(admin, key: str) -> bytes | None:
     try:
         return admin.get(key)
@@ -233,9 +257,7 @@ def test_the_http_gateway_follows_the_primary(group, tmp_path):
     import numpy as np
     import tritonclient.http as triton_http
 
-    settings = fast_settings(group.url, sentinel_master="tandem")
-    admin = connect(group.url, "tandem")
-    processes = Processes(settings, admin, tmp_path / "logs")
+    settings, admin, processes = on_group(group, tmp_path)
     try:
         processes.worker("w1")
         processes.coordinator()
@@ -300,16 +322,13 @@ def tls_group(tmp_path):
 
 def test_sentinel_over_tls_serves_and_fails_over(tls_group, tmp_path):
     """The URL's TLS query (as for rediss://) reaches the sentinels and the primary, for
-    tandem's clients, Celery's result backend and the HTTP gateway alike."""
+    tandem's clients, Celery's result backend, the HTTP gateway and Flower alike."""
     import numpy as np
     import tritonclient.http as triton_http
 
-    url = tls_group.url
-    assert "?ssl_cert_reqs=required&ssl_ca_certs=" in url
-    settings = fast_settings(url, sentinel_master="tandem")
-    admin = connect(url, "tandem")
+    assert "?ssl_cert_reqs=required&ssl_ca_certs=" in tls_group.url
+    settings, admin, processes = on_group(tls_group, tmp_path)
     assert admin.connection_pool.connection_kwargs.get("ssl_ca_certs")
-    processes = Processes(settings, admin, tmp_path / "logs")
     try:
         processes.worker("w1")
         processes.coordinator()

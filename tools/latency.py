@@ -253,18 +253,7 @@ def _collect(admin, scripts: dict[str, str], slow: dict[str, list[int]]) -> None
 def _rows(spacing: float, times: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
     rows = []
     for name, pairs in times.items():
-        total = [a + b for a, b in pairs]
-        rows.append(
-            {
-                "path": name,
-                "spacing_ms": spacing,
-                "tasks": len(pairs),
-                "p50_ms": round(percentile(total, 50), 3),
-                "p99_ms": round(percentile(total, 99), 3),
-                "send_p50_ms": round(percentile([a for a, _ in pairs], 50), 3),
-                "wait_p50_ms": round(percentile([b for _, b in pairs], 50), 3),
-            }
-        )
+        rows.append({"path": name, "spacing_ms": spacing, **timing(pairs)})
     bare, floor, tandem = rows
     for row in rows:
         row["ratio_p50"] = round(row["p50_ms"] / bare["p50_ms"], 2)
@@ -274,6 +263,19 @@ def _rows(spacing: float, times: dict[str, list[tuple[float, float]]]) -> list[d
     floor["per_task"] = "encode + route script + the stored result received"
     bare["per_task"] = "LPUSH + the PUBLISH received"
     return rows
+
+
+def timing(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Tasks timed as (send ms, wait ms): their count, total p50 and p99, and the p50 of
+    each part."""
+    total = [a + b for a, b in pairs]
+    return {
+        "tasks": len(pairs),
+        "p50_ms": round(percentile(total, 50), 3),
+        "p99_ms": round(percentile(total, 99), 3),
+        "send_p50_ms": round(percentile([a for a, _ in pairs], 50), 3),
+        "wait_p50_ms": round(percentile([b for _, b in pairs], 50), 3),
+    }
 
 
 def _redis_table(slow: dict[str, list[int]]) -> list[dict[str, Any]]:

@@ -21,11 +21,10 @@ from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
-from tandem.tools.latency import tandem_send
-from tandem.tools.load import percentile
+from tandem.tools.latency import tandem_send, timing
 
 MODEL = "sim:1"
-COLUMNS = ("min_replicas", "tasks", "p50_ms", "p99_ms", "submit_p50_ms", "wait_p50_ms")
+COLUMNS = ("min_replicas", "tasks", "p50_ms", "p99_ms", "send_p50_ms", "wait_p50_ms")
 
 
 def run_replicas(
@@ -98,12 +97,4 @@ def _wait_gone(admin: redis.Redis, hostname: str, timeout_s: float = 30.0) -> No
 
 
 def _row(wanted: int, pairs: list[tuple[float, float]]) -> dict[str, Any]:
-    total = [a + b for a, b in pairs]
-    return {
-        "min_replicas": wanted,
-        "tasks": len(pairs),
-        "p50_ms": round(percentile(total, 50), 3),
-        "p99_ms": round(percentile(total, 99), 3),
-        "submit_p50_ms": round(percentile([a for a, _ in pairs], 50), 3),
-        "wait_p50_ms": round(percentile([b for _, b in pairs], 50), 3),
-    }
+    return {"min_replicas": wanted, **timing(pairs)}
