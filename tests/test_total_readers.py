@@ -170,10 +170,13 @@ def test_hand_written_values_and_types_end_no_reader(processes, settings, r):
 
 def test_a_wrong_type_at_each_key_stops_nothing(processes, settings, r):
     """Every key in turn: a wrong type there, then a good task is still served, status
-    answers, and no process has exited."""
+    and /metrics answer, and no process has exited."""
+    port = free_port()
     worker = processes.worker("w1")
-    coordinator = processes.coordinator()
+    coordinator = processes.coordinator(metrics_port=port)
     (executor,) = Table(r).executors()
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    wait_until(lambda: _answers(metrics), 30, "the coordinator's /metrics")
     with Client(settings=settings) as client:
 
         def served() -> bool:
@@ -186,5 +189,14 @@ def test_a_wrong_type_at_each_key_stops_nothing(processes, settings, r):
             apply(r, ("retype", key, b"junk"))
             wait_until(served, 30, f"a good task served after a wrong type at {key}")
             snapshot(r)
+            assert _answers(metrics), key
             assert worker.poll() is None and coordinator.poll() is None, key
     assert "Traceback" not in processes.log("coordinator")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status == 200
+    except OSError:
+        return False
