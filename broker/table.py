@@ -181,13 +181,21 @@ class Table(Reads, Revocations):
                 return
             if each_try is not None:
                 each_try()
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(keys.FENCE, name)
-                pipe.execute_command("WAIT", wanted, timeout_ms)
-                _, acked = pipe.execute()
+            acked = self._fenced(name)
             if acked < wanted:
                 (stop.wait if stop is not None else time.sleep)(backoff.next())  # between tries
         log.warning("%s: %d replica(s) hold it now; going on", name, acked)
+
+    def _fenced(self, name: str) -> int:
+        """Write the fence key and WAIT for min_replicas: how many replicas hold every
+        write made before it, by anyone."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.FENCE, name)
+            pipe.execute_command(
+                "WAIT", self.settings.min_replicas, self.settings.replica_timeout_ms
+            )
+            _, acked = pipe.execute()
+        return acked
 
     # Producers
 
@@ -410,13 +418,19 @@ class Table(Reads, Revocations):
         return self._call("state", script_keys, [executor_id, state.value])
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
-        """Block up to timeout_s for the next L2 task, moving it into in-flight."""
+        """Block up to timeout_s for the next L2 task, moving it into in-flight. With
+        min_replicas, a task taken is held until the replicas hold the move: WAIT after
+        the fence key, since a BLMOVE served after it blocked does not move its
+        connection's replication offset, and a WAIT pipelined after it would not wait."""
         l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
-        return self._held(
-            "wait_l2",
-            lambda client: client.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT"),
-            holds=lambda reply: reply is not None,
+        reply = self._step(
+            "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
         )
+        if reply is not None and self.settings.min_replicas:
+            acked = self._fenced("wait_l2")
+            if acked < self.settings.min_replicas:
+                self.await_replicas("wait_l2", acked)
+        return reply
 
     def wait_full(self, signal: FullSignal, timeout_s: float) -> bool:
         """WAITING: block up to timeout_s for route.lua's word that the batch is full.
