@@ -419,9 +419,9 @@ class Table(Reads, Revocations):
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
         """Block up to timeout_s for the next L2 task, moving it into in-flight. With
-        min_replicas, a task taken is held until the replicas hold the move: WAIT after
-        the fence key, since a BLMOVE served after it blocked does not move its
-        connection's replication offset, and a WAIT pipelined after it would not wait."""
+        min_replicas, a task taken is held until the replicas hold the move: a WAIT
+        behind the fence key, in a round trip of its own once a task came (a WAIT after
+        a fresh write covers every earlier one; none is paid for an empty poll)."""
         l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
         reply = self._step(
             "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
