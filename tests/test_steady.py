@@ -20,7 +20,7 @@ def test_key_kinds_hide_ids():
 
 def test_a_short_steady_run_answers_every_task_and_leaves_no_per_task_key():
     report = steady.run_steady(
-        load_settings(env={}, loglevel="WARNING"), minutes=0.2, rate=40, ttl_s=3
+        load_settings(env={}, loglevel="WARNING"), minutes=0.1, rate=40, ttl_s=3
     )
     assert report.submitted > 0 and report.answered == report.submitted
     assert report.unanswered == 0
