@@ -46,7 +46,8 @@ local NEEDS = {
 local function call(command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply.err then
-    local moved = string.find(reply.err, 'WRONGTYPE') and set_aside(key, NEEDS[command])
+    local wanted = NEEDS[command]  -- a command not listed never sets a key aside
+    local moved = wanted and string.find(reply.err, 'WRONGTYPE') and set_aside(key, wanted)
     if not moved and command == 'RPOPLPUSH' then moved = set_aside((...), 'list') end
     -- Not a wrong type: run it again with redis.call, which raises its error as Redis
     -- does (a script cannot raise an error reply by hand in every Redis version).
