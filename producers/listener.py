@@ -24,12 +24,12 @@ import logging
 import secrets
 import threading
 import time
-import uuid
 
 import redis
 from celery import states
 
 from tandem.broker import keys
+from tandem.broker.message import new_uuid
 
 log = logging.getLogger("tandem.producers")
 
@@ -69,7 +69,7 @@ class ResultListener:
 
     def new_id(self) -> str:
         """A task id this listener hears: the token, then the rest of a random UUID."""
-        return self.token + str(uuid.uuid4())[8:]
+        return self.token + new_uuid()[8:]
 
     def hears(self, task_id: str) -> bool:
         return task_id.startswith(self.token + "-")

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -139,3 +140,12 @@ def test_the_envelope_is_the_json_of_its_fields_for_any_values(
     want = reference_envelope(model, inputs, queue, task_id, priority, expires, sent_at, tag)
     assert got == want
     assert envelope == json.dumps(got, separators=(",", ":"))
+
+
+def test_new_uuid_is_a_random_uuid4_as_celery_writes_one():
+    made = [message.new_uuid() for _ in range(2000)]
+    assert len(set(made)) == len(made)
+    for text in made:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text

@@ -394,6 +394,7 @@ class Executor:
         started_at = time.time()
         following = Batch()
         compute_ms, device_ms = 0.0, None
+        learned = 0  # the batch size the latency model learns a compute of, if any
         failed: Exception | None = None  # the early claim's error
         if ready:
             began = time.monotonic()
@@ -419,13 +420,17 @@ class Executor:
                 else:
                     outputs[n] = out
             if len(outputs) == len(ready):  # a bisected batch ran more than one pass
-                self.latency.observe_compute(len(ready), compute_ms)
+                learned = len(ready)
         else:
             self._last_end = None  # nothing computed: the next gap is not one compute's
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
-        if woke:
+        if woke:  # low load: the latency model learns once the results are out
             self._returner.store_now(done)
+            if learned:
+                self.latency.observe_compute(learned, compute_ms)
         else:
+            if learned:
+                self.latency.observe_compute(learned, compute_ms)
             self._returner.hand_over(done)
         if failed is not None:
             raise failed
