@@ -228,7 +228,9 @@ class Table(Reads, Revocations):
         for start in range(0, len(messages), chunk):
             call = self.route_call(model, messages[start : start + chunk], priority, deadline)
             try:
+                self.faults.at("route", "before")
                 replies = self._replicated(self.scripts.route, call)
+                self.faults.at("route", "after", replies)
             except NotReplicated as e:
                 raise _partial(e, out) from None
             except redis.ResponseError as e:

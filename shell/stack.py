@@ -80,10 +80,12 @@ def spawn(
     log_path: Path,
     module: str = "tandem.cli",
     name: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Child:
-    """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path."""
+    """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path;
+    env: more variables for it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **settings_env(settings)}
+    env = {**os.environ, **settings_env(settings), **(env or {})}
     with open(log_path, "ab") as log:
         return Child(
             [sys.executable, "-m", module, *args],

@@ -190,6 +190,16 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
     assert bare["ratio_p50"] == 1.0 and floor["over_floor_p50"] == 1.0
     commands = {row["command"] for row in report["redis_us"]}
     assert {"route", "complete"} <= commands  # its own scripts, timed by Redis
+    # The hop table: every step of a task's path seen for each task, in the path's order.
+    hops = {row["step"]: row for row in report["hops"]}
+    assert len(hops) == 7 and all(row["tasks"] == 3 for row in hops.values())
+    at = {step: row["at_ms"] for step, row in hops.items()}
+    assert (
+        0 < at["the producer sends the route script"] < at["the worker's BLMOVE returns the task"]
+    )
+    assert at["the worker's BLMOVE returns the task"] < at["the worker sends the store script"]
+    assert at["the worker sends the store script"] < at["the producer has the result"]
+    assert at["the producer has the route script's reply"] <= at["submit returns"]
 
 
 def test_the_replicas_profile_times_both_settings(tmp_path):

@@ -169,7 +169,7 @@ def _numbers(text: str | None, default: tuple[float, ...], hint: str) -> tuple[f
 def _latency_bench(quick, json_path) -> None:
     from rich.console import Console
 
-    from tandem.tools import latency
+    from tandem.tools import hops, latency
     from tandem.tools.bench import rows_table
 
     console = Console(width=140)
@@ -186,6 +186,10 @@ def _latency_bench(quick, json_path) -> None:
     console.print(
         rows_table("Redis's own time per command, tandem blocks", latency.REDIS_COLUMNS,
                    report["redis_us"])
+    )  # fmt: skip
+    console.print(
+        rows_table("Where one task's time goes: ms from the call to submit, medians",
+                   hops.COLUMNS, report["hops"])
     )  # fmt: skip
     if json_path:
         from pathlib import Path

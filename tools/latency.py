@@ -15,7 +15,8 @@ One task at a time, a fixed spacing between tasks, the two paths alternated in b
 (so both see the same machine), at each spacing. Each task's time runs from just before
 its push or submit to its result in the producer's hand; it is split there into the
 push (or submit) call and the wait for the result. Redis's own time per command comes
-from SLOWLOG, collected over the tandem blocks.
+from SLOWLOG, collected over the tandem blocks; the hop table (tools/hops.py) from the
+steps a producer and a worker of its own note as they pass them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.tools.hops import measure_hops
 from tandem.tools.load import percentile
 
 MODEL = "sim:1"
@@ -196,10 +198,19 @@ def run_latency(
             with Client(settings=settings) as client:
                 bare, floor = Bare(server.url), Floor(server.url)
                 try:
-                    return _measure(admin, bare, floor, client, spacings_ms, tasks, block, progress)
+                    paths = (bare, floor, client)
+                    report = _measure(admin, *paths, spacings_ms, tasks, block, progress)
                 finally:
                     bare.close()
                     floor.close()
+                if progress:
+                    progress(f"hops: {block} tasks at {spacings_ms[0]:g} ms, a worker noting steps")
+                stop_process(worker, 30)  # the hops get a worker of their own
+                report["hops"] = measure_hops(
+                    client, settings.replace(hostname="hops@bench"), Path(folder), admin, MODEL,
+                    tasks=block, spacing_ms=spacings_ms[0],
+                )  # fmt: skip
+                return report
         finally:
             stop.set()
             for consumer in consumers:

@@ -1,0 +1,114 @@
+"""The hop table of `tandem bench --profile latency`: where one task's time goes, from
+the steps a producer and a worker note as they pass them (TANDEM_TEST_TRACE, in
+broker/faults.py), one task at a time. The worker that notes them is started for this
+alone, so the profile's other blocks time a worker that notes nothing."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tandem.broker import faults
+from tandem.broker.settings import Settings
+from tandem.producers.client import Client
+from tandem.stack import spawn, stop_process, wait_for_executors
+
+#: (process, step, when) noted, and what it is on a task's path.
+STEPS = {
+    ("producer", "route", "before"): "the producer sends the route script",
+    ("producer", "route", "after"): "the producer has the route script's reply",
+    ("worker", "wait_l2", "after"): "the worker's BLMOVE returns the task",
+    ("worker", "complete", "before"): "the worker sends the store script",
+    ("worker", "complete", "after"): "the worker has the store script's reply",
+}
+#: Tasks sent before the timed ones, to warm the new worker.
+WARM = 20
+COLUMNS = ("step", "at_ms", "tasks")
+
+
+def measure_hops(
+    client: Client,
+    settings: Settings,
+    folder: Path,
+    admin: redis.Redis,
+    model: str,
+    *,
+    tasks: int,
+    spacing_ms: float,
+) -> list[dict[str, Any]]:
+    """Start a worker that notes its steps, send it WARM then `tasks` tasks one at a time,
+    and stop it. The caller has stopped every other worker of the model. One row per
+    step: the median ms from the call to submit, over the tasks where it was seen."""
+    trace = folder / "steps"
+    trace.mkdir(exist_ok=True)
+    log = folder / "hops-worker.log"
+    worker = spawn(["worker"], settings, log, env={faults.TRACE_ENV: str(trace)})
+    own = client.table.faults
+    timed: list[tuple[int, int, int]] = []  # (submit called, submit returned, result)
+    try:
+        wait_for_executors(admin, 1, 120, [worker])
+        client.table.faults = faults.Faults(trace=str(trace))
+        for n in range(WARM + tasks):
+            start = time.monotonic_ns()
+            result = client.submit(model, 1)
+            submitted = time.monotonic_ns()
+            result.get(timeout=5.0)
+            if n >= WARM:
+                timed.append((start, submitted, time.monotonic_ns()))
+            time.sleep(spacing_ms / 1000)  # the spacing between tasks: the load itself
+        client.table.faults.flush()
+        notes = {"producer": _read(trace, os.getpid()), "worker": []}
+        # The worker writes its notes out before it waits on L2 again, after each task.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            notes["worker"] = _read(trace, worker.pid)
+            if sum(s == ("complete", "after") for _, *s in notes["worker"]) >= WARM + tasks:
+                break
+            worker.check()
+            time.sleep(0.05)  # polling a file another process appends to, bounded
+    finally:
+        client.table.faults = own
+        stop_process(worker, 30)
+    return hop_rows(timed, notes)
+
+
+def hop_rows(
+    timed: list[tuple[int, int, int]], notes: dict[str, list[tuple[int, str, str]]]
+) -> list[dict[str, Any]]:
+    """Each step's median offset (ms) from its task's submit, in path order. A task's
+    steps are the first of each kind from its submit until the next task's."""
+    offsets: dict[str, list[float]] = defaultdict(list)
+    for n, (start, submitted, done) in enumerate(timed):
+        end = timed[n + 1][0] if n + 1 < len(timed) else done + 5 * 10**9
+        for process, noted in notes.items():
+            seen = set()
+            for at, step, when in noted:
+                label = STEPS.get((process, step, when))
+                if label and start <= at < end and label not in seen:
+                    seen.add(label)
+                    offsets[label].append((at - start) / 1e6)
+        offsets["submit returns"].append((submitted - start) / 1e6)
+        offsets["the producer has the result"].append((done - start) / 1e6)
+    rows = [
+        {"step": label, "at_ms": round(statistics.median(values), 3), "tasks": len(values)}
+        for label, values in offsets.items()
+    ]
+    return sorted(rows, key=lambda row: row["at_ms"])
+
+
+def _read(trace: Path, pid: int) -> list[tuple[int, str, str]]:
+    """The steps process pid noted: (ns, step, when)."""
+    path = trace / f"{pid}.steps"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        at, step, when = line.split()
+        out.append((int(at), step, when))
+    return out
