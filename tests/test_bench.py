@@ -202,6 +202,32 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
     assert at["the producer has the route script's reply"] <= at["submit returns"]
 
 
+def test_a_hop_is_its_own_tasks_even_when_it_comes_after_the_next_submit():
+    from tandem.tools.hops import hop_rows
+
+    ms = 1_000_000
+    timed = [(0, 2 * ms, 3 * ms), (4 * ms, 6 * ms, 7 * ms)]  # (submit, returned, result)
+    worker = [
+        (1 * ms, "wait_l2", "after"),
+        (int(1.5 * ms), "complete", "before"),
+        (int(4.5 * ms), "complete", "after"),  # the first task's reply, after the second submit
+        (5 * ms, "wait_l2", "after"),
+        (int(5.5 * ms), "complete", "before"),
+        (int(6.5 * ms), "complete", "after"),
+    ]
+    producer = [(int(0.5 * ms), "route", "before"), (int(1.8 * ms), "route", "after")]
+    producer += [(at + 4 * ms, step, when) for at, step, when in producer]
+    rows = {row["step"]: row for row in hop_rows(timed, {"producer": producer, "worker": worker})}
+    assert rows["the worker has the store script's reply"] == {
+        "step": "the worker has the store script's reply",
+        "at_ms": 3.5,
+        "tasks": 2,
+    }  # fmt: skip  (4.5 ms after the first submit, 2.5 ms after the second: median 3.5)
+    assert rows["the worker's BLMOVE returns the task"]["at_ms"] == 1.0
+    assert rows["the producer has the result"]["at_ms"] == 3.0
+    assert all(row["tasks"] == 2 for row in rows.values())
+
+
 def test_the_replicas_profile_times_both_settings(tmp_path):
     from tandem.broker.settings import load_settings
     from tandem.tools import replicas

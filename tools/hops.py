@@ -19,13 +19,17 @@ from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.stack import spawn, stop_process, wait_for_executors
 
-#: (process, step, when) noted, and what it is on a task's path.
+#: The steps each process notes, in the order it passes them, and what each is.
 STEPS = {
-    ("producer", "route", "before"): "the producer sends the route script",
-    ("producer", "route", "after"): "the producer has the route script's reply",
-    ("worker", "wait_l2", "after"): "the worker's BLMOVE returns the task",
-    ("worker", "complete", "before"): "the worker sends the store script",
-    ("worker", "complete", "after"): "the worker has the store script's reply",
+    "producer": (
+        ("route", "before", "the producer sends the route script"),
+        ("route", "after", "the producer has the route script's reply"),
+    ),
+    "worker": (
+        ("wait_l2", "after", "the worker's BLMOVE returns the task"),
+        ("complete", "before", "the worker sends the store script"),
+        ("complete", "after", "the worker has the store script's reply"),
+    ),
 }
 #: Tasks sent before the timed ones, to warm the new worker.
 WARM = 20
@@ -68,7 +72,10 @@ def measure_hops(
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             notes["worker"] = _read(trace, worker.pid)
-            if sum(s == ("complete", "after") for _, *s in notes["worker"]) >= WARM + tasks:
+            stored = sum(
+                step == "complete" and when == "after" for _, step, when in notes["worker"]
+            )
+            if stored >= WARM + tasks:
                 break
             worker.check()
             time.sleep(0.05)  # polling a file another process appends to, bounded
@@ -82,17 +89,23 @@ def hop_rows(
     timed: list[tuple[int, int, int]], notes: dict[str, list[tuple[int, str, str]]]
 ) -> list[dict[str, Any]]:
     """Each step's median offset (ms) from its task's submit, in path order. A task's
-    steps are the first of each kind from its submit until the next task's."""
+    steps are found in the order each process passes them, each the first of its kind
+    after the one before (so a reply that comes after the next task's submit is still
+    this task's), and before the next task has its result."""
     offsets: dict[str, list[float]] = defaultdict(list)
     for n, (start, submitted, done) in enumerate(timed):
-        end = timed[n + 1][0] if n + 1 < len(timed) else done + 5 * 10**9
+        limit = timed[n + 1][2] if n + 1 < len(timed) else done + 5 * 10**9
         for process, noted in notes.items():
-            seen = set()
-            for at, step, when in noted:
-                label = STEPS.get((process, step, when))
-                if label and start <= at < end and label not in seen:
-                    seen.add(label)
-                    offsets[label].append((at - start) / 1e6)
+            after = start
+            for step, when, label in STEPS[process]:
+                found = next(
+                    (at for at, s, w in noted if s == step and w == when and after <= at < limit),
+                    None,
+                )
+                if found is None:
+                    break
+                offsets[label].append((found - start) / 1e6)
+                after = found
         offsets["submit returns"].append((submitted - start) / 1e6)
         offsets["the producer has the result"].append((done - start) / 1e6)
     rows = [
