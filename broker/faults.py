@@ -77,8 +77,10 @@ class Faults:
                 raise redis.ConnectionError(text)
 
     def _note(self, step: str, when: str) -> None:
-        self._noted.append(f"{time.monotonic_ns()} {step} {when}\n")
-        if (step, when) == ("wait_l2", "before") or len(self._noted) >= 1000:
+        with self._lock:  # steps pass on several threads (executor, returner)
+            self._noted.append(f"{time.monotonic_ns()} {step} {when}\n")
+            full = len(self._noted) >= 1000
+        if full or (step, when) == ("wait_l2", "before"):
             self.flush()
 
     def flush(self) -> None:
