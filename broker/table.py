@@ -447,21 +447,20 @@ class Table(Reads, Revocations):
         model: str = "",
         counters: Mapping[str, float] | None = None,
         speed: Speed | None = None,
+        count_later: bool = False,
     ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id.
         counters: the batch's metrics, added to the model's metrics hash in the same step.
-        speed: the executor's latency model, published with them (needs `model`)."""
+        speed: the executor's latency model, published with them (needs `model`).
+        count_later: the results alone; count_batch() adds the batch's bookkeeping after."""
         s = self.settings
-        counters = counters or {}
-        args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s, len(counters)]
-        for field, value in counters.items():
-            args.extend((field, value))
-        if speed is None:
-            args.extend(("", 0, 0, 0, 0, 0))
+        args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s]
+        if count_later:
+            args.extend(("", *_speed_args(None)))
+            counters = speed = None
         else:
-            s = speed
-            args.extend((s.rate, s.lag_ms, s.extra_ms, s.base_ms, s.per_item_ms, s.margin_ms))
+            args.extend(_bookkeeping(counters, speed))
         for entry in entries:
             args.extend(entry)
         script_keys = [
@@ -477,6 +476,26 @@ class Table(Reads, Revocations):
             lambda client: self.scripts.complete(keys=script_keys, args=args, client=client),
             holds=bool,
         )
+
+    def count_batch(
+        self,
+        executor_id: str,
+        model: str,
+        tasks: int,
+        *,
+        counters: Mapping[str, float] | None = None,
+        speed: Speed | None = None,
+    ) -> None:
+        """A batch's bookkeeping, after complete(count_later=True) stored its results: its
+        metrics counters, its tasks and itself in the executor's counts, and the latency
+        model when given. Sent once: a lost reply may lose these counts, never double them."""
+        script_keys = [
+            keys.executor(executor_id),
+            keys.metrics(model),
+            *([keys.speed(model)] if speed is not None else []),
+        ]
+        args = [tasks, *_bookkeeping(counters, speed)]
+        self._step("count", lambda: self.scripts.count(keys=script_keys, args=args))
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False
@@ -567,3 +586,19 @@ def convert_error(e: redis.ResponseError) -> Exception:
 
 #: Errors from a Redis that is up but refuses writes, also as a script reports them.
 _REFUSED = re.compile(r"(?:^|-)((?:READONLY|OOM|LOADING|MASTERDOWN)\b.*)")
+
+
+def _bookkeeping(counters: Mapping[str, float] | None, speed: Speed | None) -> list:
+    """A batch's counters and latency model as complete.lua and count.lua take them."""
+    counters = counters or {}
+    args: list = [len(counters)]
+    for field, value in counters.items():
+        args.extend((field, value))
+    return args + _speed_args(speed)
+
+
+def _speed_args(speed: Speed | None) -> list:
+    if speed is None:
+        return ["", 0, 0, 0, 0, 0]
+    return [speed.rate, speed.lag_ms, speed.extra_ms, speed.base_ms, speed.per_item_ms,
+            speed.margin_ms]  # fmt: skip

@@ -7,11 +7,13 @@ import pytest
 from helpers import wait_until
 from tandem.broker import keys
 from tandem.broker.errors import BadInput, ModelError
+from tandem.broker.faults import Faults
 from tandem.broker.state import TRANSITIONS, State
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.hooks import Metrics
 from tandem.workers.models.sim import SimModel
 
 MODEL = "poison:1"
@@ -126,3 +128,35 @@ def test_every_state_change_in_the_stream_is_one_the_transition_table_allows(set
     for needed in [("IDLE", "WAITING"), ("WAITING", "WORKING"), ("IDLE", "WORKING"),
                    ("WORKING", "IDLE"), ("GONE", "WORKING")]:  # fmt: skip
         assert needed in seen
+
+
+@pytest.mark.parametrize("lost", [0, 2], ids=["counted", "a count lost"])
+def test_at_low_load_each_batch_is_counted_once_after_its_results(settings, r, lost):
+    """A task that wakes an IDLE executor has its result stored alone; the batch's
+    counters follow in count.lua, once each. A Redis error on that call (lost: the nth
+    count fails) loses that batch's counts and nothing else: no restart, no task."""
+    spec = f"count:before:{lost}" if lost else ""
+    table = Table(r, faults=Faults(spec))
+    settings = settings.replace(max_wait_ms=0.0)
+    executor = Executor(
+        "sim:1", SimModel(0, 0), table=table, settings=settings, worker="t", hooks=[Metrics()]
+    )
+    executor.start()
+    done = 4
+    try:
+        with Client(settings=settings) as client:
+            for n in range(done):
+                wait_until(lambda: executor.state == State.IDLE, 10, "IDLE")
+                assert client.submit("sim:1", [n]).get(timeout=10) == [n]
+        counted = done - bool(lost)
+        wait_until(
+            lambda: r.hget(keys.executor(executor.id), "tasks") == str(counted).encode(),
+            10,
+            "the batches' counts",
+        )
+        assert executor.batches == done and executor.restarts == 0
+    finally:
+        executor.stop()
+    metrics = r.hgetall(keys.metrics("sim:1"))
+    assert metrics[b"outcome:SUCCESS"] == str(counted).encode()
+    assert metrics[b"route:L2"] == str(done).encode()

@@ -172,7 +172,7 @@ def test_an_executor_that_keeps_crashing_makes_its_worker_exit_non_zero(
 
 def test_claim_path_faults_strand_nothing(processes, settings, r, monkeypatch):
     """A Redis failure after each step of the claim path did its work (a lost reply)."""
-    steps = ["wait_l2", "window", "state", "begin", "claim", "claim_or_idle", "complete"]
+    steps = ["wait_l2", "window", "state", "begin", "claim", "claim_or_idle", "complete", "count"]
     monkeypatch.setenv(FAULTS, ",".join(f"{s}:after:2" for s in steps))
     processes.worker("w1", max_wait_ms=20.0, sim_base_ms=30.0)
     sent: dict[str, int] = {}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from helpers import plain_celery
+from helpers import plain_celery, wait_until
 from tandem.broker import keys, payload
 from tandem.broker.errors import BadInput, ModelError, ModelLoadError
 from tandem.broker.table import Table
@@ -161,6 +161,7 @@ def test_spec_violations_fail_alone(repository, processes, settings, r, factorie
         results[6].forget()
         assert r.exists(keys.result(results[6].id)) == 0
         assert results[6].state == "PENDING"
+    wait_until(lambda: Table(r).executors("seq:1")[0].tasks == 8, 10, "the batch counted")
     (executor,) = Table(r).executors("seq:1")
     assert (executor.batches, executor.tasks) == (1, 8)
 

@@ -10,7 +10,7 @@ import pytest
 from tandem.broker import deadletter, keys, message, results, scripts
 from tandem.broker.errors import ExecutorGone, QueueFull, TandemError, UnknownModel
 from tandem.broker.settings import Settings
-from tandem.broker.state import State
+from tandem.broker.state import Speed, State
 from tandem.broker.table import Table
 
 MODEL = "m:1"
@@ -325,6 +325,52 @@ def test_complete_adds_the_batch_metrics_in_the_same_step(table, r):
         b"outcome:SUCCESS": b"2",
         b"compute_ms:sum": b"5",
     }
+
+
+def test_results_stored_alone_then_counted_end_as_one_complete_would(table, r):
+    """At low load the results go out alone (count_later) and count.lua adds the batch's
+    bookkeeping after: the same metrics, executor counts and speed as one complete."""
+    speed = Speed(1.0, 0.5, 0.2, rate=100.0, lag_ms=12.0, max_batch=4, extra_ms=3.0)
+    counts = {"outcome:SUCCESS": 1, "compute_ms:sum": 2.5}
+    ends = {}
+    for executor_id, split in (("a", False), ("b", True)):
+        r.flushdb()
+        register(table, executor_id)
+        task_id, _ = route(table, 0)
+        raw = table.claim(executor_id, MODEL, 1)[0]
+        entry = (raw, keys.result(task_id), results.success(task_id, [0]))
+        if split:
+            with r.pubsub() as published:
+                published.psubscribe(f"{keys.RESULT_PREFIX}*")
+                assert published.get_message(timeout=5)["type"] == "psubscribe"
+                table.complete(
+                    executor_id, [entry], model=MODEL, counters=counts, speed=speed,
+                    count_later=True,
+                )  # fmt: skip
+                assert published.get_message(timeout=5)["data"] == entry[2].encode()
+            assert r.get(keys.result(task_id)) == entry[2].encode()
+            assert r.llen(keys.inflight(executor_id)) == 0
+            assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") is None
+            assert r.hget(keys.executor(executor_id), "batches") in (None, b"0")
+            assert not r.exists(keys.speed(MODEL))
+            table.count_batch(executor_id, MODEL, 1, counters=counts, speed=speed)
+        else:
+            table.complete(executor_id, [entry], model=MODEL, counters=counts, speed=speed)
+        executor = r.hgetall(keys.executor(executor_id))
+        ends[split] = (
+            r.hgetall(keys.metrics(MODEL)),
+            {f: executor.get(f) for f in (b"tasks", b"batches", b"rate", b"lag_ms", b"base_ms")},
+            r.hgetall(keys.speed(MODEL)),
+        )
+    assert ends[True] == ends[False]
+    assert ends[True][0][b"outcome:SUCCESS"] == b"1"
+    assert ends[True][1][b"tasks"] == b"1" and ends[True][2]
+
+
+def test_a_count_for_a_gone_executor_adds_its_metrics_alone(table, r):
+    table.count_batch("gone", MODEL, 3, counters={"outcome:SUCCESS": 3})
+    assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") == b"3"
+    assert not r.exists(keys.executor("gone"))
 
 
 def test_complete_run_again_changes_nothing(table, r):

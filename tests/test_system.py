@@ -122,6 +122,7 @@ def test_a_bad_task_fails_alone_and_the_executor_keeps_running(processes, client
     with pytest.raises(Exception, match="asks for model 'nope:1'") as info:
         plain.get(timeout=10)
     assert type(info.value).__name__ == "UnknownModel"
+    wait_until(lambda: executors_of(r, "w1")[0].tasks == 6, 10, "the batch counted")
     (executor,) = executors_of(r, "w1")
     assert (executor.batches, executor.tasks) == (1, 6)
     assert client.submit("tiny:1", good).get(timeout=10) == pytest.approx(expected, abs=1e-5)

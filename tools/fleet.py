@@ -162,6 +162,8 @@ def fairness(executors: int, rate: float, seconds: float, folder: Path) -> dict[
                 time.sleep(1 / rate)  # pacing the low load
             for result in sent:
                 result.get(timeout=30)
+            # A batch's counts follow its results (count.lua): wait for the last ones.
+            _wait(lambda: sum(e.tasks for e in client.table.executors(MODEL)) >= len(sent), 30)
             per = [e.tasks for e in client.table.executors(MODEL)]
     return {
         "executors": executors,

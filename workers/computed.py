@@ -22,3 +22,6 @@ class Computed:
     stored_at: float = 0.0
     #: The forward pass's time on the GPU (CUDA events), when the model measures it.
     device_ms: float | None = None
+    #: Its results are stored already (Returner.store_now, at low load): what is left is
+    #: its bookkeeping (count.lua), the canvas's next steps and the hooks.
+    results_out: bool = False

@@ -424,10 +424,11 @@ class Executor:
         else:
             self._last_end = None  # nothing computed: the next gap is not one compute's
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
-        if woke:  # low load: the latency model learns once the results are out
+        if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
             if learned:
                 self.latency.observe_compute(learned, compute_ms)
+            self._returner.hand_over(done)
         else:
             if learned:
                 self.latency.observe_compute(learned, compute_ms)

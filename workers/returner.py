@@ -3,7 +3,11 @@ complete.lua call, with the hooks' metrics counters and, when it moved, the exec
 latency model), run Celery's canvas steps around it, and tell the hooks. The slot
 holds one batch, so batch N is stored while N+1 computes. A store that fails ends the
 thread; the executor thread sees that and restarts, handing the batch's tasks back (a
-crash, never a stall)."""
+crash, never a stall).
+
+At low load the executor thread stores a batch's results itself (store_now), alone, and
+hands the rest to this thread: the counters and latency model (count.lua), the canvas's
+next steps, the hooks. So only the results are on the task's path."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import threading
 import time
 from collections import Counter
 from typing import Any, Protocol
+
+import redis
 
 from tandem.broker import deadletter, keys, message, results
 from tandem.broker.errors import ExecutorCrashed, Revoked
@@ -84,15 +90,18 @@ class Returner:
                 self.owner.tick()  # waiting on a live returner is progress
 
     def store_now(self, done: Computed) -> None:
-        """Store a batch on the calling thread, once the slot's batch is stored. A store
+        """Store a batch's results alone on the calling thread, once the slot's batch is
+        stored; hand_over(done) then has the rest done on the returner thread. A store
         that fails raises ExecutorCrashed, as a failed returner thread would."""
         self.check()
         self.drain()
         try:
-            self._store(done)
+            self._store(done, count_later=True)
         except Exception as e:  # noqa: BLE001 - reported as the returner thread reports it
             self._failed(e)
             raise ExecutorCrashed(f"storing results failed: {type(e).__name__}: {e}") from e
+        done.results_out = True
+        self.owner.stored(done)
 
     def drain(self) -> None:
         """Wait until the batch in the slot, if any, is stored."""
@@ -130,37 +139,67 @@ class Returner:
             e,
         )
 
-    def _store(self, done: Computed) -> None:
-        """Store a batch's results; Celery canvas steps go before and after, as in Celery."""
+    def _store(self, done: Computed, *, count_later: bool = False) -> None:
+        """Store a batch's results; Celery canvas steps go before and after, as in Celery.
+        count_later: the results alone (store_now); a batch with results_out has only
+        what follows them left to do."""
         owner = self.owner
         canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and owner.canvas]
-        for n, task in canvas:
-            owner.canvas.before_store(task, done.outputs.get(n))
-        entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
-        done.stored_at = time.time()
-        counts = self._counters(done)
-        speed = self._speed()
-        retry(
-            lambda: owner.table.complete(
-                owner.id, entries, model=owner.model_ref, counters=counts, speed=speed
-            ),
-            what=f"executor {owner.id}",
-            each_try=owner.tick,
-            raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
-        )
-        if speed is not None:
-            self._published, self._published_at = speed, time.monotonic()
-        if done.outputs:
-            ended = done.started_at + done.compute_ms / 1000
-            owner.latency.observe_return((time.time() - ended) * 1000)
+        if done.results_out:
+            self._count(done)
+        else:
+            for n, task in canvas:
+                owner.canvas.before_store(task, done.outputs.get(n))
+            entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+            done.stored_at = time.time()
+            counts = None if count_later else self._counters(done)
+            speed = None if count_later else self._speed()
+            retry(
+                lambda: owner.table.complete(
+                    owner.id, entries, model=owner.model_ref, counters=counts, speed=speed,
+                    count_later=count_later,
+                ),
+                what=f"executor {owner.id}",
+                each_try=owner.tick,
+                raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
+            )  # fmt: skip
+            if speed is not None:
+                self._published, self._published_at = speed, time.monotonic()
+            if done.outputs:
+                ended = done.started_at + done.compute_ms / 1000
+                owner.latency.observe_return((time.time() - ended) * 1000)
+            if count_later:
+                return
+            owner.stored(done)
         for n, task in canvas:
             owner.canvas.after_store(task, done.outputs.get(n))
-        owner.stored(done)
         for hook in owner.hooks:
             try:
                 hook.batch_done(owner, done)
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
+
+    def _count(self, done: Computed) -> None:
+        """The bookkeeping of a batch whose results are out: one count.lua call, never
+        retried (a retry could count it twice). Lost to a Redis error, it is logged and
+        the results, stored already, stand."""
+        owner = self.owner
+        speed = self._speed()
+        try:
+            owner.table.count_batch(
+                owner.id, owner.model_ref, len(done.tasks),
+                counters=self._counters(done), speed=speed,
+            )  # fmt: skip
+        except redis.RedisError as e:
+            log.warning(
+                "executor %s: a batch's counters were not added (%s: %s); its results are stored",
+                owner.id,
+                type(e).__name__,
+                e,
+            )
+            return
+        if speed is not None:
+            self._published, self._published_at = speed, time.monotonic()
 
     def _speed(self) -> Speed | None:
         """The latency model to publish with this batch, or None: deadline-aware off, no

@@ -16,6 +16,7 @@ NAMES = (
     "unclaim",
     "state",
     "complete",
+    "count",
     "reclaim",
     "bury",
     "register",

@@ -2,7 +2,8 @@
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
 -- The batch's metrics counters are added in the same step, and the executor's latency
--- model, when given, replaces its share of the model's speed hash.
+-- model, when given, replaces its share of the model's speed hash (or, at low load,
+-- count.lua adds both after the results went out).
 -- Running it again with the same arguments (a retry after a lost reply, or after a
 -- failover, when the first run may or may not have reached the new primary) changes
 -- nothing that the first run made: a result already stored with the same bytes is
@@ -18,8 +19,10 @@
 --       usable id). A result key that refuses its result (of another type) dead-letters
 --       that task with Redis's reason; the rest of the batch is stored.
 local RESULT_PREFIX, METRICS_PREFIX = 'celery-task-meta-', 'tandem:metrics:'
-local speed = 5 + 2 * tonumber(ARGV[4])
-local first = speed + 6
+-- M '' stores the results alone: the executor adds the batch's counters and latency
+-- model after them with count.lua, off the task's path (at low load).
+local later = ARGV[4] == ''
+local first = 5 + 2 * (tonumber(ARGV[4]) or 0) + 6
 -- In-flight holds the oldest claims on the right, in the order the batch lists
 -- them: when its last N entries are this batch, one LTRIM drops them all; otherwise
 -- each task is removed on its own, searched from the right.
@@ -67,16 +70,6 @@ else
     if held[i] then call('LREM', KEYS[1], -1, ARGV[i]) end
   end
 end
-if not counted then return n end  -- this very batch, stored already
-for i = 5, speed - 1, 2 do tally(KEYS[5], ARGV[i], ARGV[i + 1]) end
-if registered(KEYS[2]) then
-  call('HINCRBY', KEYS[2], 'tasks', n)
-  call('HINCRBY', KEYS[2], 'batches', 1)
-  if ARGV[speed] ~= '' and KEYS[6] then
-    call('HSET', KEYS[2], 'base_ms', ARGV[speed + 3], 'per_item_ms', ARGV[speed + 4],
-      'margin_ms', ARGV[speed + 5])
-    set_speed(KEYS[2], KEYS[6], tonumber(ARGV[speed]), tonumber(ARGV[speed + 1]),
-      tonumber(ARGV[speed + 2]))
-  end
-end
+if later or not counted then return n end  -- counted by count.lua, or stored already
+count_batch(ARGV, 4, n, KEYS[2], KEYS[5], KEYS[6])
 return n
