@@ -6,6 +6,7 @@ A model is named ``NAME:VERSION``. Names and versions use letters, digits,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -69,13 +70,23 @@ _PART = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def parse_model(model: str) -> tuple[str, str]:
     """Split ``NAME:VERSION`` and check both parts; raise BadArgument (a ValueError) if
-    malformed."""
+    malformed. Names of up to 128 characters are remembered: a submit asks several
+    times, and a fleet has few models."""
+    if len(model) <= 128:
+        return _parse_cached(model)
+    return _parse(model)
+
+
+def _parse(model: str) -> tuple[str, str]:
     name, sep, version = model.partition(":")
     if not sep or not _PART.match(name) or not _PART.match(version):
         raise BadArgument(
             f"model must look like NAME:VERSION (letters, digits, _ -), got {model!r}"
         )
     return name, version
+
+
+_parse_cached = functools.lru_cache(maxsize=1024)(_parse)
 
 
 def l1(model: str) -> str:
