@@ -31,7 +31,16 @@ LATEST_TTL_S = 1.0
 class TandemResult(AsyncResult):
     """A Celery AsyncResult that also says where the task was routed. Its get() waits on
     its Client's result listener, which has the result pushed as it is stored; every
-    other method is Celery's."""
+    other method is Celery's.
+
+    get() caches the result without firing the on_ready promise until something waits on
+    it (then(), as a ResultSet does): a fired promise holds its result in a reference
+    cycle, which only the garbage collector frees, and one collection every few dozen
+    tasks put its pause on the tasks' own path. So a result nobody holds is freed at once.
+    """
+
+    #: then() was called: the on_ready promise has a callback to fire.
+    _awaited = False
 
     def __init__(
         self,
@@ -78,8 +87,23 @@ class TandemResult(AsyncResult):
                     # Its Client was closed, or it was forgotten: ask Redis as Celery does.
                     return super().get(timeout, propagate, interval, no_ack, follow_parents)
                 raise CeleryTimeoutError("The operation timed out.")
-            self._maybe_set_cache(meta)
+            self._settle(meta)
         return self.maybe_throw(propagate=propagate, callback=callback)
+
+    def then(self, callback, on_error=None, weak: bool = False):
+        """As AsyncResult.then: the callback is called with this result once it is ready."""
+        self._awaited = True
+        promised = super().then(callback, on_error, weak)
+        if self._cache is not None and not self.on_ready.ready:
+            self.on_ready(self)  # get() had it already: call back at once
+        return promised
+
+    def _settle(self, meta: dict) -> None:
+        """Cache a final result, as Celery's _maybe_set_cache does; its on_ready promise
+        fires only if then() was called (see the class)."""
+        self._set_cache(self.backend.meta_from_decoded(meta))
+        if self._awaited and not self.on_ready.ready:
+            self.on_ready(self)
 
     def forget(self) -> None:
         if self._listener is not None:

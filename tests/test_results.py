@@ -4,8 +4,10 @@ real executors throughout; no assertion on speed."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 from celery.exceptions import TimeoutError as CeleryTimeoutError
@@ -97,6 +99,39 @@ def test_task_ids_are_the_clients_and_uuid_shaped(settings, executor):
         assert a.id.startswith(one.listener.token + "-") and len(a.id) == 36
         assert b.id.split("-")[0] == other.listener.token != one.listener.token
         assert (a.get(timeout=10), b.get(timeout=10)) == (1, 2)
+
+
+def test_a_result_nobody_holds_is_freed_at_once(settings, executor):
+    """No reference cycle: a gotten result is freed when its last reference goes (the
+    garbage collector off), and its Client stops keeping its task's place."""
+    executor(Threads())
+    with Client(settings=settings) as client:
+        gc.disable()
+        try:
+            res = client.submit(MODEL, 1)
+            assert res.get(timeout=10) == 1 and res.state == "SUCCESS"
+            task_id, freed = res.id, weakref.ref(res)
+            del res
+            assert freed() is None
+            assert not client.listener.expects(task_id)
+        finally:
+            gc.enable()
+
+
+def test_then_calls_back_before_or_after_get_as_in_celery(settings, executor):
+    """then() before get() is called back with the result; then() on a result get() has
+    already is called back at once, as on a fulfilled Celery promise."""
+    executor(Threads())
+    with Client(settings=settings) as client:
+        early, late = client.submit(MODEL, "early"), client.submit(MODEL, "late")
+        seen: list = []
+        early.then(lambda result: seen.append(("early", result.result)))
+        assert early.get(timeout=10) == "early"
+        wait_until(lambda: ("early", "early") in seen, 10, "the early callback")
+        assert late.get(timeout=10) == "late"
+        late.then(lambda result: seen.append(("late", result.result)))
+        assert ("late", "late") in seen
+        assert seen.count(("early", "early")) == 1
 
 
 def test_a_plain_celery_client_reads_the_same_result(settings, executor):
