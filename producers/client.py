@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult, assert_will_not_block
+from kombu.utils.json import loads as json_loads
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
@@ -54,8 +54,13 @@ class TandemResult(AsyncResult):
         #: The executor whose L2 took the task, or None when it waits in L1.
         self.executor = executor
         self._listener = listener
+
+    def __del__(self) -> None:
+        """Its Client stops keeping its task's result (a finalizer that costs nothing
+        until it runs)."""
+        listener = self.__dict__.get("_listener")
         if listener is not None:
-            weakref.finalize(self, listener.release, task_id)
+            listener.release(self.id)
 
     def get(
         self,
@@ -132,7 +137,7 @@ class Client:
         self.table = Table(self.redis, self.settings)
         self.app = make_app(self.settings)
         #: Every result of this client's tasks, pushed to it as it is stored.
-        self.listener = ResultListener(self.redis, self.app.backend.decode)
+        self.listener = ResultListener(self.redis, json_loads)
         self.submitted = 0
         self.to_l2 = 0
         self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)

@@ -51,7 +51,8 @@ class Waiter:
 class ResultListener:
     def __init__(self, client: redis.Redis, decode) -> None:
         """client: the Redis client whose pool the subscription's connection comes from;
-        decode: result bytes -> meta dict (the Celery backend's own decoder, JSON only)."""
+        decode: result bytes -> meta dict (kombu's JSON decoder, which Celery's backend
+        uses for the JSON that tandem's workers store)."""
         self.token = secrets.token_hex(4)
         self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
         self._redis = client
