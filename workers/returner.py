@@ -96,7 +96,7 @@ class Returner:
         self.check()
         self.drain()
         try:
-            self._store(done, count_later=True)
+            self._put(done, count_later=True)
         except Exception as e:  # noqa: BLE001 - reported as the returner thread reports it
             self._failed(e)
             raise ExecutorCrashed(f"storing results failed: {type(e).__name__}: {e}") from e
@@ -139,45 +139,57 @@ class Returner:
             e,
         )
 
-    def _store(self, done: Computed, *, count_later: bool = False) -> None:
-        """Store a batch's results; Celery canvas steps go before and after, as in Celery.
-        count_later: the results alone (store_now); a batch with results_out has only
-        what follows them left to do."""
-        owner = self.owner
-        canvas = [(n, t) for n, t in enumerate(done.tasks) if t.canvas and owner.canvas]
+    def _store(self, done: Computed) -> None:
+        """Store a batch's results with its bookkeeping, then what follows them; a batch
+        whose results are out already (store_now) has only its bookkeeping left."""
         if done.results_out:
             self._count(done)
         else:
-            for n, task in canvas:
-                owner.canvas.before_store(task, done.outputs.get(n))
-            entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
-            done.stored_at = time.time()
-            counts = None if count_later else self._counters(done)
-            speed = None if count_later else self._speed()
-            retry(
-                lambda: owner.table.complete(
-                    owner.id, entries, model=owner.model_ref, counters=counts, speed=speed,
-                    count_later=count_later,
-                ),
-                what=f"executor {owner.id}",
-                each_try=owner.tick,
-                raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
-            )  # fmt: skip
-            if speed is not None:
-                self._published, self._published_at = speed, time.monotonic()
-            if done.outputs:
-                ended = done.started_at + done.compute_ms / 1000
-                owner.latency.observe_return((time.time() - ended) * 1000)
-            if count_later:
-                return
-            owner.stored(done)
-        for n, task in canvas:
+            self._put(done, count_later=False)
+            self.owner.stored(done)
+        self._after(done)
+
+    def _put(self, done: Computed, *, count_later: bool) -> None:
+        """The results in one complete.lua call, canvas steps first, as in Celery.
+        count_later: the results alone, for _count() to add the bookkeeping after."""
+        owner = self.owner
+        for n, task in self._canvas(done):
+            owner.canvas.before_store(task, done.outputs.get(n))
+        entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
+        done.stored_at = time.time()
+        counts = None if count_later else self._counters(done)
+        speed = None if count_later else self._speed()
+        retry(
+            lambda: owner.table.complete(
+                owner.id, entries, model=owner.model_ref, counters=counts, speed=speed,
+                count_later=count_later,
+            ),
+            what=f"executor {owner.id}",
+            each_try=owner.tick,
+            raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
+        )  # fmt: skip
+        if speed is not None:
+            self._published, self._published_at = speed, time.monotonic()
+        if done.outputs:
+            ended = done.started_at + done.compute_ms / 1000
+            owner.latency.observe_return((time.time() - ended) * 1000)
+
+    def _after(self, done: Computed) -> None:
+        """What follows stored results: the canvas's next steps, then the hooks."""
+        owner = self.owner
+        for n, task in self._canvas(done):
             owner.canvas.after_store(task, done.outputs.get(n))
         for hook in owner.hooks:
             try:
                 hook.batch_done(owner, done)
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
+
+    def _canvas(self, done: Computed) -> list[tuple[int, message.Task]]:
+        """The batch's tasks with canvas steps (link, chain, chord), by index."""
+        if self.owner.canvas is None:
+            return []
+        return [(n, task) for n, task in enumerate(done.tasks) if task.canvas]
 
     def _count(self, done: Computed) -> None:
         """The bookkeeping of a batch whose results are out: one count.lua call, never
