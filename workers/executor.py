@@ -426,13 +426,9 @@ class Executor:
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
-            if learned:
-                self.latency.observe_compute(learned, compute_ms)
-            self._returner.hand_over(done)
-        else:
-            if learned:
-                self.latency.observe_compute(learned, compute_ms)
-            self._returner.hand_over(done)
+        if learned:
+            self.latency.observe_compute(learned, compute_ms)
+        self._returner.hand_over(done)
         if failed is not None:
             raise failed
         return following
