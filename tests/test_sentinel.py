@@ -133,7 +133,8 @@ def test_the_sentinel_fault_run_loses_no_acknowledged_task_with_min_replicas():
 
     report = run_failover(load_settings(env={}), rounds=1, rate=50.0, min_replicas=1)
     assert report.rounds == 1 and report.accepted > 0
-    assert report.lost == 0 and report.completed + report.failed == report.accepted
+    read = "\n".join(report.lines())  # with each lost task's whereabouts
+    assert report.lost == 0 and report.completed + report.failed == report.accepted, read
     assert report.served_again_s[0] != float("inf")  # served again, with no restart by hand
 
 

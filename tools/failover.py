@@ -24,6 +24,7 @@ from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer, SentinelGroup
 from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.tools import whereabouts
 
 MODEL = "sim:1"
 
@@ -41,6 +42,8 @@ class FailoverReport:
     lost: int = 0
     duplicates: int = 0
     served_again_s: list[float] = field(default_factory=list)
+    #: Each lost task's whereabouts (tools/whereabouts.py), then the log lines naming it.
+    lost_at: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         bound = 2 * self.down_after_ms / 1000 + self.heartbeat_ttl_s
@@ -55,6 +58,7 @@ class FailoverReport:
             f"duplicated (kept once)  {self.duplicates}",
             f"longest kill to served again {worst:.2f} s "
             f"(target {bound:.1f} s: 2 x down-after + heartbeat TTL)",
+            *(f"lost: {line}" for line in self.lost_at),
         ]
 
 
@@ -116,7 +120,7 @@ def run_failover(
             time.sleep(2.0)
             producer.stop.set()
             producer.join()
-            _settle(report, producer, admin)
+            _settle(report, producer, admin, [logs / "worker.log", logs / "coordinator.log"])
         finally:
             producer.stop.set()
             client.close()
@@ -156,10 +160,11 @@ def _ready(result) -> bool:
         return False
 
 
-def _settle(report: FailoverReport, producer: Producer, admin) -> None:
+def _settle(report: FailoverReport, producer: Producer, admin, logs: list[Path]) -> None:
     report.accepted = len(producer.accepted)
     report.refused = producer.refused
     deadline = time.monotonic() + 30  # for every result together
+    lost = []
     for _, result in producer.accepted:
         try:
             result.get(timeout=max(0.05, deadline - time.monotonic()))
@@ -167,6 +172,11 @@ def _settle(report: FailoverReport, producer: Producer, admin) -> None:
         except TandemError:
             report.failed += 1
         except Exception:  # noqa: BLE001 - Celery's TimeoutError: no result, the task is lost
-            report.lost += 1
+            lost.append(result.id)
+    report.lost = len(lost)
+    if lost:
+        report.lost_at = retry(
+            lambda: whereabouts.describe(admin, MODEL, lost, logs), what="failover: lost tasks"
+        ) or ["(Redis did not answer)"]
     stats = retry(lambda: admin.hgetall(keys.STATS), what="failover: the stats") or {}
     report.duplicates = int(stats.get(b"duplicates", 0))
