@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import redis
 
 from tandem.broker import keys
+from tandem.broker.direct import DirectCalls
 from tandem.broker.errors import (
     BrokerUnavailable,
     ExecutorGone,
@@ -119,6 +120,8 @@ class Table(Reads, Revocations):
         self.redis = client
         self.settings = settings or Settings()
         self.scripts = Scripts(client)
+        #: Each thread's own connection for the low-load path's round trips.
+        self.direct = DirectCalls(client)
         self.faults = faults if faults is not None else Faults()
         self._patience = threading.local()  # per executor thread: see patience()
 
@@ -130,13 +133,14 @@ class Table(Reads, Revocations):
 
     def _held(self, name: str, queue, holds) -> object:
         """An executor's step that takes custody of tasks or results (a claim, a store):
-        queue(client) issues its commands. With min_replicas, WAIT goes in the same round
+        queue(client) issues its commands, on a pipeline, or on the calling thread's own
+        connection when client is None (see _run). With min_replicas, WAIT goes in the same round
         trip, and when the reply holds something (holds(reply)) that fewer replicas
         acknowledged, the step waits for them (await_replicas) before it returns: no task
         is computed, and no batch counted stored, that a failover could take back."""
         wanted = self.settings.min_replicas
         if not wanted:
-            return self._step(name, lambda: queue(self.redis))
+            return self._step(name, lambda: queue(None))
         acked = []
 
         def run():
@@ -246,7 +250,7 @@ class Table(Reads, Revocations):
         NotReplicated if fewer did within replica_timeout_ms."""
         wanted = self.settings.min_replicas
         if not wanted:
-            return script(**call)
+            return self.direct.script(script, call["keys"], call["args"])
         with self.redis.pipeline(transaction=False) as pipe:
             script(**call, client=pipe)
             pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
@@ -426,7 +430,8 @@ class Table(Reads, Revocations):
         a fresh write covers every earlier one; none is paid for an empty poll)."""
         l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
         reply = self._step(
-            "wait_l2", lambda: self.redis.blmove(l2, inflight, timeout_s, "RIGHT", "LEFT")
+            "wait_l2",
+            lambda: self.direct.command("BLMOVE", l2, inflight, "RIGHT", "LEFT", timeout_s),
         )
         if reply is not None and self.settings.min_replicas:
             acked = self._fenced("wait_l2")
@@ -473,7 +478,7 @@ class Table(Reads, Revocations):
         ]
         return self._held(
             "complete",
-            lambda client: self.scripts.complete(keys=script_keys, args=args, client=client),
+            lambda client: self._run(self.scripts.complete, script_keys, args, client),
             holds=bool,
         )
 
@@ -495,7 +500,9 @@ class Table(Reads, Revocations):
             *([keys.speed(model)] if speed is not None else []),
         ]
         args = [tasks, *_bookkeeping(counters, speed)]
-        self._step("count", lambda: self.scripts.count(keys=script_keys, args=args))
+        self._step(
+            "count", lambda: self.direct.script(self.scripts.count, script_keys, args, once=True)
+        )
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False
@@ -545,13 +552,20 @@ class Table(Reads, Revocations):
             script = getattr(self.scripts, name)
             if holds is not None:
                 return self._held(
-                    name, lambda client: script(keys=script_keys, args=args, client=client), holds
+                    name, lambda client: self._run(script, script_keys, args, client), holds
                 )
-            return self._step(name, lambda: script(keys=script_keys, args=args))
+            return self._step(name, lambda: self._run(script, script_keys, args))
         except redis.ResponseError as e:
             if _gone(e):
                 raise ExecutorGone(script_keys[0]) from e
             raise
+
+    def _run(self, script, script_keys, args, client=None):
+        """A script on the calling thread's own connection (broker/direct.py), or queued on
+        a pipeline."""
+        if client is None:
+            return self.direct.script(script, script_keys, args)
+        return script(keys=script_keys, args=args, client=client)
 
     def reserved(self, executor_id: str) -> list[bytes]:
         """Every message in an executor's L2 and in-flight lists."""

@@ -1,0 +1,95 @@
+"""Connections of its own for the low-load path's round trips (a producer's
+route, an executor's wait on its L2 and its store).
+
+Through the client, each call also passes redis-py's per-command layers: the pool's
+checkout (a lock, a poll for stray bytes, its observability hooks), the retry wrapper
+and the script object's own checks. After an idle spell that code runs cold, which cost
+~0.1-0.2 ms per call here (BENCHMARKS.md, "Direct calls"). A direct call sends
+the packed command and reads the reply, with the same connection class, parser and
+options as the client's pool (TLS, Sentinel, RESP).
+
+A reply, or the command's own error, gives the connection back. A ConnectionError, a
+timeout or an OSError drops it, and the call is made again through the client, which
+reconnects and retries as it always did (unless it was asked to run once: then the
+error is raised); NOSCRIPT goes through the client too, which
+loads the script. Anything else (an interrupt mid-reply) drops the connection and is
+raised, so no half-read reply is ever read by a later call.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+
+class DirectCalls:
+    """Connections to the Redis of `client`, each used by one call at a time: a call takes
+    an idle one (or makes one) and gives it back after its reply, so there are as many
+    as calls ever ran at once. close() closes them all."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._pool = client.connection_pool
+        self._idle: list = []  # list.pop and list.append need no lock of their own
+        self._made: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()  # guards _made
+        self._pid = os.getpid()
+
+    def script(self, script: Script, keys, args, *, once: bool = False):
+        """EVALSHA the script; its reply, or its error raised as the client raises it.
+        once: a connection error is raised, never sent again (the client's retries would
+        run a script whose reply was lost a second time)."""
+        return self._call(
+            ("EVALSHA", script.sha, len(keys), *keys, *args),
+            lambda: script(keys=keys, args=args),
+            once,
+        )
+
+    def command(self, *args):
+        """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...)."""
+        return self._call(args, lambda: self.client.execute_command(*args))
+
+    def close(self) -> None:
+        with self._lock:
+            made = list(self._made)
+        self._idle = []
+        for connection in made:
+            connection.disconnect()
+
+    def _call(self, args: tuple, through_client, once: bool = False):
+        connection = self._take()
+        try:
+            connection.send_packed_command(connection.pack_command(*args), check_health=False)
+            reply = connection.read_response()
+        except NoScriptError:
+            self._idle.append(connection)
+            return through_client()  # the script object loads it again
+        except redis.ResponseError:
+            self._idle.append(connection)  # the command's own error: the connection is fine
+            raise
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            connection.disconnect()
+            if once:
+                raise
+            return through_client()
+        except BaseException:
+            connection.disconnect()  # interrupted mid-reply: never read the rest later
+            raise
+        self._idle.append(connection)
+        return reply
+
+    def _take(self):
+        if self._pid != os.getpid():  # a forked child: the parent's connections are not its own
+            self._idle, self._pid = [], os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            connection = self._pool.connection_class(**self._pool.connection_kwargs)
+            with self._lock:
+                self._made.add(connection)
+            return connection

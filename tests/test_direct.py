@@ -1,0 +1,119 @@
+"""broker/direct.py: connections of its own for the low-load path's round trips, against
+a real Redis: replies and errors as the client gives them, one connection per call at a
+time, and any other error drops the connection and goes through the client."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from helpers import wait_until
+from tandem.broker.direct import DirectCalls
+
+SCRIPT = (
+    "if ARGV[1] == 'fail' then return redis.error_reply('BAD no') end return {KEYS[1], ARGV[1]}"
+)
+
+
+def connections(r) -> int:
+    return len(r.client_list())
+
+
+def blocked_clients(r) -> int:
+    return int(r.info("clients")["blocked_clients"])
+
+
+def test_a_call_at_a_time_shares_one_connection_and_calls_at_once_do_not(r):
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    assert direct.script(script, ["k"], ["v"]) == script(keys=["k"], args=["v"]) == [b"k", b"v"]
+    mine = direct.command("CLIENT", "ID")
+    seen = []
+    for _ in range(3):  # one thread after another: the same connection again
+        thread = threading.Thread(target=lambda: seen.append(direct.command("CLIENT", "ID")))
+        thread.start()
+        thread.join()
+    assert seen == [mine] * 3
+    # A call still waiting on its reply holds its connection: another gets its own.
+    blocked = threading.Thread(
+        target=lambda: direct.command("BLMOVE", "q", "p", "RIGHT", "LEFT", 10)
+    )
+    blocked.start()
+    wait_until(lambda: blocked_clients(r) == 1, 10, "the BLMOVE waiting")
+    assert direct.command("CLIENT", "ID") != mine
+    r.lpush("q", b"x")
+    blocked.join()
+    direct.close()
+
+
+def test_the_commands_own_error_is_raised_and_the_connection_kept(r):
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    before = direct.command("CLIENT", "ID")
+    with pytest.raises(redis.ResponseError, match="BAD no"):
+        direct.script(script, ["k"], ["fail"])
+    assert direct.command("CLIENT", "ID") == before
+    direct.close()
+
+
+def test_a_flushed_script_is_loaded_again(r):
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    assert direct.script(script, ["k"], ["v"]) == [b"k", b"v"]
+    r.script_flush()
+    assert direct.script(script, ["k"], ["again"]) == [b"k", b"again"]
+    direct.close()
+
+
+def test_a_killed_connection_is_replaced_and_the_call_still_answered(r):
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    killed = direct.command("CLIENT", "ID")
+    r.client_kill_filter(_id=killed)
+    assert direct.script(script, ["k"], ["after"]) == [b"k", b"after"]  # through the client
+    assert direct.command("CLIENT", "ID") != killed  # a new connection of its own
+    direct.close()
+
+
+def test_a_call_asked_to_run_once_raises_a_cut_connection_instead_of_sending_again(r):
+    """What the returner's count.lua needs: the client's retries would run it again."""
+    direct = DirectCalls(r)
+    script = r.register_script("return redis.call('INCR', KEYS[1])")
+    assert direct.script(script, ["runs"], [], once=True) == 1
+    r.client_kill_filter(_id=direct.command("CLIENT", "ID"))
+    with pytest.raises(redis.ConnectionError):
+        direct.script(script, ["runs"], [], once=True)
+    assert r.get("runs") == b"1"  # not sent through the client
+    assert direct.script(script, ["runs"], [], once=True) == 2  # a new connection next
+    direct.close()
+
+
+def test_a_read_cut_short_never_leaves_its_reply_for_the_next_call(redis_server, r):
+    """BLMOVE outlasts the socket timeout: the read is cut short with its reply still due.
+    The next call must get its own reply, not that one."""
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=0.2)
+    direct = DirectCalls(client)
+    with pytest.raises(redis.TimeoutError):
+        direct.command("BLMOVE", "empty", "elsewhere", "RIGHT", "LEFT", 0.5)
+    r.lpush("empty", b"late")  # what the cut BLMOVE would have returned
+    assert direct.command("ECHO", "mine") == b"mine"
+    direct.close()
+    client.close()
+
+
+def test_close_closes_every_connection_made(r):
+    direct = DirectCalls(r)
+    at_start = connections(r)
+    blocked = threading.Thread(
+        target=lambda: direct.command("BLMOVE", "q", "p", "RIGHT", "LEFT", 10)
+    )
+    blocked.start()
+    wait_until(lambda: blocked_clients(r) == 1, 10, "the BLMOVE waiting")
+    direct.command("PING")
+    assert connections(r) == at_start + 2
+    r.lpush("q", b"x")
+    blocked.join()
+    direct.close()
+    wait_until(lambda: connections(r) == at_start, 10, "close() closed both")
