@@ -7,8 +7,10 @@ a queued task with a pushed result can take.
 - **floor**: the least a path with tandem's constraints can cost: an atomic route
   script (the first of a ready set, else L1), tandem's own message encoding and decoding,
   a Celery result stored and published by one script that also drops the task from
-  in-flight. No executor states, checks, metrics, events or threads: what tandem adds
-  over the floor is its machinery, what the floor adds over bare is the constraints.
+  in-flight, its Redis calls made as tandem's are (broker/direct.py). No executor
+  states, checks, metrics, events or threads: what tandem adds over the floor is its
+  machinery, what the floor adds over bare is the constraints. Bare goes through
+  redis-py's client, as the issue that asked for it defined it.
 - **tandem**: `Client.submit` and `get()` on `sim` at zero cost, one worker.
 
 One task at a time, a fixed spacing between tasks, the two paths alternated in blocks
@@ -33,6 +35,7 @@ from typing import Any
 import redis
 
 from tandem.broker import keys, message, results
+from tandem.broker.direct import DirectCalls
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
@@ -80,14 +83,17 @@ def consume_floor(url: str, ready, stop) -> None:
     """The floor's consumer: BLMOVE a message into in-flight, decode it, and store and
     publish its Celery result (its input, as `sim` returns it) in one script."""
     client = redis.Redis.from_url(url)
+    direct = DirectCalls(client)
     complete = client.register_script(FLOOR_COMPLETE)
     ready.set()
     while not stop.is_set():
-        raw = client.blmove(FLOOR_L2, FLOOR_INFLIGHT, 0.2, "RIGHT", "LEFT")
+        raw = direct.command("BLMOVE", FLOOR_L2, FLOOR_INFLIGHT, "RIGHT", "LEFT", 0.2)
         if raw is not None:
             task = message.decode(raw, max_bytes=1 << 20)
             meta = results.success(task.id, task.inputs)
-            complete(keys=[keys.result(task.id), FLOOR_INFLIGHT], args=[meta, raw, 3600])
+            stored = [keys.result(task.id), FLOOR_INFLIGHT]
+            direct.script(complete, stored, [meta, raw, 3600])
+    direct.close()
     client.close()
 
 
@@ -129,11 +135,16 @@ class Floor(Bare):
         self.redis = redis.Redis.from_url(url)
         self.redis.zadd(FLOOR_READY, {"floor-consumer": 1})
         self.route = self.redis.register_script(FLOOR_ROUTE)
+        self.direct = DirectCalls(self.redis)
         self.pubsub = self.redis.pubsub()
         self.pubsub.psubscribe(f"{keys.RESULT_PREFIX}{FLOOR_TOKEN}-*")
         reply = self.pubsub.get_message(timeout=5.0)
         if reply is None or reply["type"] != "psubscribe":
             raise RuntimeError(f"Redis did not confirm the floor's subscription: {reply}")
+
+    def close(self) -> None:
+        self.direct.close()
+        super().close()
 
     def send(self) -> tuple[float, float]:
         task_id = FLOOR_TOKEN + str(uuid.uuid4())[8:]
@@ -143,7 +154,7 @@ class Floor(Bare):
             MODEL, 1, queue=keys.l1(MODEL), task_id=task_id, priority=0, expires=None,
             binary=False, limit=1 << 20,
         )  # fmt: skip
-        if self.route(keys=[FLOOR_READY, FLOOR_L1, FLOOR_L2], args=[envelope]) == 0:
+        if self.direct.script(self.route, [FLOOR_READY, FLOOR_L1, FLOOR_L2], [envelope]) == 0:
             raise RuntimeError("the floor's route found no consumer in its ready set")
         sent = time.perf_counter()
         while True:
