@@ -10,10 +10,10 @@ options as the client's pool (TLS, Sentinel, RESP).
 
 A reply, or the command's own error, gives the connection back. A ConnectionError, a
 timeout or an OSError drops it, and the call is made again through the client, which
-reconnects and retries as it always did (unless it was asked to run once: then the
-error is raised); NOSCRIPT goes through the client too, which
-loads the script. Anything else (an interrupt mid-reply) drops the connection and is
-raised, so no half-read reply is ever read by a later call.
+reconnects and retries as it always did; a call asked to run once raises the error
+instead. NOSCRIPT (the script did not run) loads the script and runs it again. Anything
+else (an interrupt mid-reply) drops the connection and is raised, so no half-read reply
+is ever read by a later call.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ class DirectCalls:
         """EVALSHA the script; its reply, or its error raised as the client raises it.
         once: a connection error is raised, never sent again (the client's retries would
         run a script whose reply was lost a second time)."""
-        return self._call(
-            ("EVALSHA", script.sha, len(keys), *keys, *args),
-            lambda: script(keys=keys, args=args),
-            once,
-        )
+        call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        if once:
+            return self._call(call, lambda: self._loaded(script, call), once=True)
+        return self._call(call, lambda: script(keys=keys, args=args))
 
     def command(self, *args):
         """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...)."""
@@ -61,14 +60,22 @@ class DirectCalls:
         for connection in made:
             connection.disconnect()
 
+    def _loaded(self, script: Script, call: tuple):
+        """After NOSCRIPT (it did not run): load the script, then run it once, here."""
+        self.client.script_load(script.script)
+        return self._call(call, None, once=True)
+
     def _call(self, args: tuple, through_client, once: bool = False):
+        """through_client: the same call made through the client (None: raise instead)."""
         connection = self._take()
         try:
             connection.send_packed_command(connection.pack_command(*args), check_health=False)
             reply = connection.read_response()
         except NoScriptError:
             self._idle.append(connection)
-            return through_client()  # the script object loads it again
+            if through_client is None:
+                raise
+            return through_client()  # loads the script again
         except redis.ResponseError:
             self._idle.append(connection)  # the command's own error: the connection is fine
             raise

@@ -87,6 +87,8 @@ def test_a_call_asked_to_run_once_raises_a_cut_connection_instead_of_sending_aga
         direct.script(script, ["runs"], [], once=True)
     assert r.get("runs") == b"1"  # not sent through the client
     assert direct.script(script, ["runs"], [], once=True) == 2  # a new connection next
+    r.script_flush()
+    assert direct.script(script, ["runs"], [], once=True) == 3  # loaded, then run once
     direct.close()
 
 
