@@ -200,6 +200,12 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
     assert at["the worker's BLMOVE returns the task"] < at["the worker sends the store script"]
     assert at["the worker sends the store script"] < at["the producer has the result"]
     assert at["the producer has the route script's reply"] <= at["submit returns"]
+    # The floor's steps, noted the same way, alongside: seen for every step, in order.
+    floor = [hops[step]["floor_at_ms"] for step in (
+        "the producer sends the route script", "the worker's BLMOVE returns the task",
+        "the worker sends the store script", "the producer has the result",
+    )]  # fmt: skip
+    assert all(v is not None for v in floor) and floor == sorted(floor) and floor[0] > 0
 
 
 def test_a_hop_is_its_own_tasks_even_when_it_comes_after_the_next_submit():

@@ -188,8 +188,8 @@ def _latency_bench(quick, json_path) -> None:
                    report["redis_us"])
     )  # fmt: skip
     console.print(
-        rows_table("Where one task's time goes: ms from the call to submit, medians",
-                   hops.COLUMNS, report["hops"])
+        rows_table("Where one task's time goes: ms from the call to submit, medians "
+                   "(tandem, and the floor's same step)", hops.COLUMNS, report["hops"])
     )  # fmt: skip
     if json_path:
         from pathlib import Path

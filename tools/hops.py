@@ -33,7 +33,7 @@ STEPS = {
 }
 #: Tasks sent before the timed ones, to warm the new worker.
 WARM = 20
-COLUMNS = ("step", "at_ms", "tasks")
+COLUMNS = ("step", "at_ms", "floor_at_ms", "tasks")
 
 
 def measure_hops(
@@ -83,6 +83,41 @@ def measure_hops(
         client.table.faults = own
         stop_process(worker, 30)
     return hop_rows(timed, notes)
+
+
+def measure_floor_hops(
+    send, dump, trace: Path, consumer, *, tasks: int, spacing_ms: float
+) -> list[dict[str, Any]]:
+    """The same table for the latency profile's floor path: send(noted) sends one task
+    and notes (start, route sent, route's reply, result) in monotonic ns; its consumer
+    process notes its steps and writes them to the trace folder once dump is set."""
+    noted: list[tuple[int, int, int, int]] = []
+    for _ in range(WARM + tasks):
+        send(noted)
+        time.sleep(spacing_ms / 1000)  # the spacing between tasks: the load itself
+    dump.set()
+    deadline = time.monotonic() + 10
+    while dump.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the consumer clears it once written, within its 0.2 s poll
+    if dump.is_set():
+        raise RuntimeError("the floor's consumer did not write its steps within 10 s")
+    producer = []
+    for _, routing, sent, _ in noted:
+        producer += [(routing, "route", "before"), (sent, "route", "after")]
+    timed = [(start, sent, done) for start, _, sent, done in noted[WARM:]]
+    return hop_rows(timed, {"producer": producer, "worker": _read(trace, consumer.pid)})
+
+
+def side_by_side(tandem: list[dict[str, Any]], floor: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """tandem's rows, each with the floor's median for the same step (None if unseen)."""
+    at = {row["step"]: row["at_ms"] for row in floor}
+    return [{**row, "floor_at_ms": at.get(row["step"])} for row in tandem]
+
+
+def write_notes(trace: Path, noted: list[tuple[int, str, str]]) -> None:
+    """Append (ns, step, when) notes to this process's steps file, as Faults does."""
+    with open(trace / f"{os.getpid()}.steps", "a") as out:
+        out.writelines(f"{at} {step} {when}\n" for at, step, when in noted)
 
 
 def hop_rows(

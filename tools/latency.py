@@ -13,6 +13,9 @@ a queued task with a pushed result can take.
   redis-py's client, as the issue that asked for it defined it.
 - **tandem**: `Client.submit` and `get()` on `sim` at zero cost, one worker.
 
+The hop table puts the floor's steps next to tandem's: the same steps, noted by its
+producer and its consumer as tandem's are by a producer and a worker.
+
 One task at a time, a fixed spacing between tasks, the two paths alternated in blocks
 (so both see the same machine), at each spacing. Each task's time runs from just before
 its push or submit to its result in the producer's hand; it is split there into the
@@ -40,7 +43,7 @@ from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
-from tandem.tools.hops import measure_hops
+from tandem.tools import hops
 from tandem.tools.load import percentile
 
 MODEL = "sim:1"
@@ -79,20 +82,31 @@ def consume(url: str, ready, stop) -> None:
     client.close()
 
 
-def consume_floor(url: str, ready, stop) -> None:
+def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
     """The floor's consumer: BLMOVE a message into in-flight, decode it, and store and
-    publish its Celery result (its input, as `sim` returns it) in one script."""
+    publish its Celery result (its input, as `sim` returns it) in one script. It notes
+    its steps as a tandem worker does (tools/hops.py), and writes them out to the trace
+    folder once `dump` is set, clearing it."""
     client = redis.Redis.from_url(url)
     direct = DirectCalls(client)
     complete = client.register_script(FLOOR_COMPLETE)
+    noted: list[tuple[int, str, str]] = []
     ready.set()
     while not stop.is_set():
         raw = direct.command("BLMOVE", FLOOR_L2, FLOOR_INFLIGHT, "RIGHT", "LEFT", 0.2)
         if raw is not None:
+            taken = time.monotonic_ns()
             task = message.decode(raw, max_bytes=1 << 20)
             meta = results.success(task.id, task.inputs)
             stored = [keys.result(task.id), FLOOR_INFLIGHT]
+            sending = time.monotonic_ns()
             direct.script(complete, stored, [meta, raw, 3600])
+            noted += [(taken, "wait_l2", "after"), (sending, "complete", "before")]
+            noted.append((time.monotonic_ns(), "complete", "after"))
+        if dump.is_set():
+            hops.write_notes(Path(trace), noted)
+            noted.clear()
+            dump.clear()
     direct.close()
     client.close()
 
@@ -146,17 +160,20 @@ class Floor(Bare):
         self.direct.close()
         super().close()
 
-    def send(self) -> tuple[float, float]:
+    def send(self, noted: list | None = None) -> tuple[float, float]:
+        """One task: (ms to its route's reply, ms from then to its result). noted: gets
+        (start, route sent, route's reply, result) in monotonic ns, for the hop table."""
         task_id = FLOOR_TOKEN + str(uuid.uuid4())[8:]
         channel = keys.result(task_id).encode()
-        start = time.perf_counter()
+        start = time.monotonic_ns()
         envelope = message.encode_checked(
             MODEL, 1, queue=keys.l1(MODEL), task_id=task_id, priority=0, expires=None,
             binary=False, limit=1 << 20,
         )  # fmt: skip
+        routing = time.monotonic_ns()
         if self.direct.script(self.route, [FLOOR_READY, FLOOR_L1, FLOOR_L2], [envelope]) == 0:
             raise RuntimeError("the floor's route found no consumer in its ready set")
-        sent = time.perf_counter()
+        sent = time.monotonic_ns()
         while True:
             reply = self.pubsub.get_message(timeout=5.0)
             if reply is None:
@@ -164,8 +181,10 @@ class Floor(Bare):
             if reply["type"] == "pmessage" and reply["channel"] == channel:
                 json.loads(reply["data"])
                 break
-        done = time.perf_counter()
-        return (sent - start) * 1000, (done - sent) * 1000
+        done = time.monotonic_ns()
+        if noted is not None:
+            noted.append((start, routing, sent, done))
+        return (sent - start) / 1e6, (done - sent) / 1e6
 
 
 def tandem_send(client: Client) -> tuple[float, float]:
@@ -193,10 +212,16 @@ def run_latency(
         settings = settings.replace(redis_url=server.url, hostname="latency@bench")
         context = multiprocessing.get_context("spawn")
         ready, stop = context.Event(), context.Event()
-        floor_ready = context.Event()
+        floor_ready, dump = context.Event(), context.Event()
+        trace = Path(folder) / "floor-steps"
+        trace.mkdir()
         consumers = [
-            context.Process(target=target, args=(server.url, event, stop), daemon=True)
-            for target, event in ((consume, ready), (consume_floor, floor_ready))
+            context.Process(target=consume, args=(server.url, ready, stop), daemon=True),
+            context.Process(
+                target=consume_floor,
+                args=(server.url, floor_ready, stop, dump, str(trace)),
+                daemon=True,
+            ),
         ]
         worker = spawn(["worker"], settings, Path(folder) / "worker.log")
         admin = redis.Redis.from_url(server.url)
@@ -211,16 +236,22 @@ def run_latency(
                 try:
                     paths = (bare, floor, client)
                     report = _measure(admin, *paths, spacings_ms, tasks, block, progress)
+                    if progress:
+                        progress(f"hops: {block} tasks of the floor and of tandem at "
+                                 f"{spacings_ms[0]:g} ms, each noting its steps")  # fmt: skip
+                    floor_hops = hops.measure_floor_hops(
+                        floor.send, dump, trace, consumers[1],
+                        tasks=block, spacing_ms=spacings_ms[0],
+                    )  # fmt: skip
                 finally:
                     bare.close()
                     floor.close()
-                if progress:
-                    progress(f"hops: {block} tasks at {spacings_ms[0]:g} ms, a worker noting steps")
                 stop_process(worker, 30)  # the hops get a worker of their own
-                report["hops"] = measure_hops(
+                tandem_hops = hops.measure_hops(
                     client, settings.replace(hostname="hops@bench"), Path(folder), admin, MODEL,
                     tasks=block, spacing_ms=spacings_ms[0],
                 )  # fmt: skip
+                report["hops"] = hops.side_by_side(tandem_hops, floor_hops)
                 return report
         finally:
             stop.set()
