@@ -78,7 +78,7 @@ class Faults:
 
     def _note(self, step: str, when: str) -> None:
         with self._lock:  # steps pass on several threads (executor, returner)
-            self._noted.append(f"{time.monotonic_ns()} {step} {when}\n")
+            self._noted.append(step_line(time.monotonic_ns(), step, when))
             full = len(self._noted) >= 1000
         if full or (step, when) == ("wait_l2", "before"):
             self.flush()
@@ -88,5 +88,15 @@ class Faults:
         with self._lock:
             noted, self._noted = self._noted, []
         if noted and self.trace is not None:
-            with open(self.trace / f"{os.getpid()}.steps", "a") as out:
-                out.writelines(noted)
+            write_steps(self.trace, noted)
+
+
+def step_line(at_ns: int, step: str, when: str) -> str:
+    """One noted step, as a steps file holds it."""
+    return f"{at_ns} {step} {when}\n"
+
+
+def write_steps(folder: Path, lines: list[str]) -> None:
+    """Append noted steps (step_line) to this process's steps file in folder."""
+    with open(folder / f"{os.getpid()}.steps", "a") as out:
+        out.writelines(lines)

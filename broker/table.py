@@ -120,7 +120,7 @@ class Table(Reads, Revocations):
         self.redis = client
         self.settings = settings or Settings()
         self.scripts = Scripts(client)
-        #: Each thread's own connection for the low-load path's round trips.
+        #: Connections of its own for the low-load path's round trips.
         self.direct = DirectCalls(client)
         self.faults = faults if faults is not None else Faults()
         self._patience = threading.local()  # per executor thread: see patience()
@@ -133,8 +133,8 @@ class Table(Reads, Revocations):
 
     def _held(self, name: str, queue, holds) -> object:
         """An executor's step that takes custody of tasks or results (a claim, a store):
-        queue(client) issues its commands, on a pipeline, or on the calling thread's own
-        connection when client is None (see _run). With min_replicas, WAIT goes in the same round
+        queue(client) issues its commands, on a pipeline, or as direct calls when client
+        is None (see _run). With min_replicas, WAIT goes in the same round
         trip, and when the reply holds something (holds(reply)) that fewer replicas
         acknowledged, the step waits for them (await_replicas) before it returns: no task
         is computed, and no batch counted stored, that a failover could take back."""
@@ -561,8 +561,7 @@ class Table(Reads, Revocations):
             raise
 
     def _run(self, script, script_keys, args, client=None):
-        """A script on the calling thread's own connection (broker/direct.py), or queued on
-        a pipeline."""
+        """A script as a direct call (broker/direct.py), or queued on a pipeline."""
         if client is None:
             return self.direct.script(script, script_keys, args)
         return script(keys=script_keys, args=args, client=client)

@@ -114,12 +114,6 @@ def side_by_side(tandem: list[dict[str, Any]], floor: list[dict[str, Any]]) -> l
     return [{**row, "floor_at_ms": at.get(row["step"])} for row in tandem]
 
 
-def write_notes(trace: Path, noted: list[tuple[int, str, str]]) -> None:
-    """Append (ns, step, when) notes to this process's steps file, as Faults does."""
-    with open(trace / f"{os.getpid()}.steps", "a") as out:
-        out.writelines(f"{at} {step} {when}\n" for at, step, when in noted)
-
-
 def hop_rows(
     timed: list[tuple[int, int, int]], notes: dict[str, list[tuple[int, str, str]]]
 ) -> list[dict[str, Any]]:

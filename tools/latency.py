@@ -39,6 +39,7 @@ import redis
 
 from tandem.broker import keys, message, results
 from tandem.broker.direct import DirectCalls
+from tandem.broker.faults import step_line, write_steps
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
@@ -85,12 +86,12 @@ def consume(url: str, ready, stop) -> None:
 def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
     """The floor's consumer: BLMOVE a message into in-flight, decode it, and store and
     publish its Celery result (its input, as `sim` returns it) in one script. It notes
-    its steps as a tandem worker does (tools/hops.py), and writes them out to the trace
-    folder once `dump` is set, clearing it."""
+    its steps as a tandem worker does (broker/faults.py, read by tools/hops.py), and
+    writes them out to the trace folder once `dump` is set, clearing it."""
     client = redis.Redis.from_url(url)
     direct = DirectCalls(client)
     complete = client.register_script(FLOOR_COMPLETE)
-    noted: list[tuple[int, str, str]] = []
+    noted: list[str] = []
     ready.set()
     while not stop.is_set():
         raw = direct.command("BLMOVE", FLOOR_L2, FLOOR_INFLIGHT, "RIGHT", "LEFT", 0.2)
@@ -101,10 +102,14 @@ def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
             stored = [keys.result(task.id), FLOOR_INFLIGHT]
             sending = time.monotonic_ns()
             direct.script(complete, stored, [meta, raw, 3600])
-            noted += [(taken, "wait_l2", "after"), (sending, "complete", "before")]
-            noted.append((time.monotonic_ns(), "complete", "after"))
+            done = time.monotonic_ns()
+            noted += [
+                step_line(taken, "wait_l2", "after"),
+                step_line(sending, "complete", "before"),
+            ]
+            noted.append(step_line(done, "complete", "after"))
         if dump.is_set():
-            hops.write_notes(Path(trace), noted)
+            write_steps(Path(trace), noted)
             noted.clear()
             dump.clear()
     direct.close()
