@@ -106,8 +106,8 @@ def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
             noted += [
                 step_line(taken, "wait_l2", "after"),
                 step_line(sending, "complete", "before"),
+                step_line(done, "complete", "after"),
             ]
-            noted.append(step_line(done, "complete", "after"))
         if dump.is_set():
             write_steps(Path(trace), noted)
             noted.clear()
