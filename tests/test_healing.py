@@ -210,7 +210,15 @@ def test_the_returner_meets_oom_and_nothing_is_lost(tmp_path, settings):
             ids = {client.submit("sim:1", [n]).id: n for n in range(4)}
         wait_until(lambda: any(e.inflight_depth for e in Table(r).executors()), 30, "a batch")
         r.config_set("maxmemory", "1")  # every write now fails with OOM
-        wait_until(lambda: "storing results failed" in log.read_text(), 30, "the returner")
+
+        def failed() -> bool:  # the store failed, or Celery's consumer exited the worker first
+            return "storing results failed" in log.read_text() or worker.poll() is not None
+
+        try:
+            wait_until(failed, 30, "the returner to fail, or the worker to exit")
+        except AssertionError as e:  # a stall: show where the worker was
+            tail = "\n".join(log.read_text().splitlines()[-30:])
+            raise AssertionError(f"{e}; the worker's log ends:\n{tail}") from None
         assert "OOM command not allowed" in log.read_text()
         r.config_set("maxmemory", "0")
         exits = []
