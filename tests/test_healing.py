@@ -201,14 +201,21 @@ def test_the_returner_meets_oom_and_nothing_is_lost(tmp_path, settings):
     server = RedisServer(tmp_path / "redis").start()
     r = redis.Redis.from_url(server.url)
     r.config_set("maxmemory-policy", "noeviction")
-    small = settings.replace(redis_url=server.url, sim_base_ms=300.0)
+    small = settings.replace(redis_url=server.url, sim_base_ms=1500.0)
     log = tmp_path / "w1.log"
     worker = spawn(["worker"], small.replace(hostname="w1@oom"), log)
     try:
         wait_until(lambda: Table(r).executors(), 60, "the worker")
         with Client(settings=small) as client:
             ids = {client.submit("sim:1", [n]).id: n for n in range(4)}
-        wait_until(lambda: any(e.inflight_depth for e in Table(r).executors()), 30, "a batch")
+        # Computing (begun, WORKING): its store is the executor's next write. A task merely
+        # taken from L2 is in in-flight before the window's writes, which OOM would fail
+        # first, sending the executor into registering again instead.
+        wait_until(
+            lambda: any(e.state == "WORKING" and e.inflight_depth for e in Table(r).executors()),
+            30,
+            "a batch computing",
+        )
         r.config_set("maxmemory", "1")  # every write now fails with OOM
 
         def failed() -> bool:  # the store failed, or Celery's consumer exited the worker first
