@@ -15,14 +15,27 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from kombu.utils.json import object_hook
+
 from tandem.broker.errors import BadInput
 
 #: Largest task message whose kwargs an extended result repeats; larger ones are elided.
 EXTENDED_MAX_BYTES = 4096
+#: json.dumps(..., allow_nan=False), with its encoder made once: json.dumps makes one on
+#: every call given any option, and a result is encoded on every task's path.
+_JSON = json.JSONEncoder(allow_nan=False).encode
+#: kombu's JSON loads, which Celery's backend decodes results with (type markers and
+#: all), with its decoder made once: json.loads makes one per call given a hook.
+_KOMBU_JSON = json.JSONDecoder(object_hook=object_hook).decode
+
+
+def loads(data: bytes | str) -> Any:
+    """A stored result, decoded as Celery's backend decodes it (kombu's loads)."""
+    return _KOMBU_JSON(data.decode() if isinstance(data, bytes) else data)
 
 
 def _meta(task_id: str, status: str, result: Any, traceback: str | None, extended: dict) -> str:
-    return json.dumps(
+    return _JSON(
         {
             "status": status,
             "result": result,
@@ -31,8 +44,7 @@ def _meta(task_id: str, status: str, result: Any, traceback: str | None, extende
             "date_done": datetime.now(timezone.utc).isoformat(),
             "task_id": task_id,
             **extended,
-        },
-        allow_nan=False,
+        }
     )
 
 

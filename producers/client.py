@@ -9,15 +9,17 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
+from celery.app import app_or_default
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult, assert_will_not_block
-from kombu.utils.json import loads as json_loads
+from vine import promise
 
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
 from tandem.broker.connect import connect
 from tandem.broker.discovery import stack_url
 from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
+from tandem.broker.results import loads as load_result
 from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings, load_settings
 from tandem.broker.table import Table
@@ -37,6 +39,8 @@ class TandemResult(AsyncResult):
     it (then(), as a ResultSet does): a fired promise holds its result in a reference
     cycle, which only the garbage collector frees, and one collection every few dozen
     tasks put its pause on the tasks' own path. So a result nobody holds is freed at once.
+    The promise itself is made on first use: a weak promise costs more to make, on the
+    submit's path, than the rest of the result.
     """
 
     #: then() was called: the on_ready promise has a callback to fire.
@@ -48,12 +52,34 @@ class TandemResult(AsyncResult):
         *,
         executor: str | None = None,
         listener: ResultListener | None = None,
-        **kwargs: Any,
+        app: Any = None,
+        backend: Any = None,
+        parent: AsyncResult | None = None,
     ) -> None:
-        super().__init__(task_id, **kwargs)
+        # AsyncResult.__init__, but for its on_ready promise (the property below).
+        if task_id is None:
+            raise ValueError(f"AsyncResult requires valid id, not {type(task_id)}")
+        self.app = app_or_default(app or self.app)
+        self.id = task_id
+        self.backend = backend or self.app.backend
+        self.parent = parent
+        self._cache = None
+        self._ignored = False
         #: The executor whose L2 took the task, or None when it waits in L1.
         self.executor = executor
         self._listener = listener
+
+    @property
+    def on_ready(self) -> promise:
+        """AsyncResult's on_ready promise, made on first use."""
+        ready = self.__dict__.get("_on_ready")
+        if ready is None:
+            ready = self._on_ready = promise(self._on_fulfilled, weak=True)
+        return ready
+
+    @on_ready.setter
+    def on_ready(self, value: promise) -> None:
+        self._on_ready = value
 
     def __del__(self) -> None:
         """Its Client stops keeping its task's result (a finalizer that costs nothing
@@ -137,7 +163,7 @@ class Client:
         self.table = Table(self.redis, self.settings)
         self.app = make_app(self.settings)
         #: Every result of this client's tasks, pushed to it as it is stored.
-        self.listener = ResultListener(self.redis, json_loads)
+        self.listener = ResultListener(self.redis, load_result)
         self.submitted = 0
         self.to_l2 = 0
         self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)

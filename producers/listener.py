@@ -61,6 +61,7 @@ class ResultListener:
         self._changed = threading.Condition()  # guards _waiters and _reader
         self._reader = False  # a get() is reading the subscription
         self._pubsub = None
+        self._direct = False  # reading the subscription's connection directly (_next)
         self.delivered = 0
         self.closed = False
 
@@ -146,7 +147,7 @@ class ResultListener:
     def _read(self, timeout: float) -> None:
         """Read and deliver one message, waiting up to timeout seconds for it."""
         try:
-            reply = self._pubsub.get_message(timeout=timeout)
+            reply = self._next(timeout)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             # redis-py reconnects at the next read and subscribes again (see _catch_up).
             log.warning("result listener %s: %s; reconnecting", self.token, e)
@@ -158,6 +159,34 @@ class ResultListener:
             self._deliver(reply["channel"], reply["data"])
         elif reply["type"] == "psubscribe":
             self._catch_up()  # subscribed again after a reconnect
+
+    def _next(self, timeout: float) -> dict | None:
+        """The next message, or None after timeout seconds. A result is read off the
+        connection directly, as PubSub.get_message would read it, without the layers
+        around it (its checks, retry wrapper and observability hooks, which cost more
+        than the read when run cold); anything else is handed to PubSub as read. While
+        a health check is due, after an error, and on RESP3, get_message reads instead:
+        it checks, reconnects and subscribes again."""
+        connection = self._pubsub.connection
+        due = (
+            connection is not None
+            and connection.health_check_interval
+            and (time.monotonic() > connection.next_health_check)
+        )
+        if not self._direct or due or connection is None or str(connection.protocol) == "3":
+            reply = self._pubsub.get_message(timeout=timeout)
+            self._direct = True
+            return reply
+        try:
+            raw = connection.read_response(timeout=timeout, disconnect_on_error=False)
+        except redis.TimeoutError:
+            return None  # nothing came; a message cut short stays in the parser's buffer
+        except BaseException:
+            self._direct = False
+            raise
+        if isinstance(raw, list) and len(raw) == 4 and raw[0] == b"pmessage":
+            return {"type": "pmessage", "pattern": raw[1], "channel": raw[2], "data": raw[3]}
+        return self._pubsub.handle_message(raw)
 
     def _deliver(self, channel: bytes, data: bytes) -> None:
         """Hand a published result to its task's waiter. Anything else published on the

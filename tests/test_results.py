@@ -5,6 +5,7 @@ real executors throughout; no assertion on speed."""
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 import weakref
@@ -15,12 +16,13 @@ from celery.result import AsyncResult
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from kombu.utils import json as kombu_json
 
 from helpers import plain_celery, wait_until
 from tandem.broker import keys, results
 from tandem.broker.errors import BadInput
 from tandem.broker.table import Table
-from tandem.producers.client import Client
+from tandem.producers.client import Client, TandemResult
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
 from tandem.workers.models.sim import SimModel
@@ -116,6 +118,22 @@ def test_a_result_nobody_holds_is_freed_at_once(settings, executor):
             assert not client.listener.expects(task_id)
         finally:
             gc.enable()
+
+
+def test_a_result_is_made_as_celery_makes_one(settings):
+    """TandemResult sets what AsyncResult.__init__ sets (a Celery that sets more fails
+    here), with its on_ready promise made on first use, once."""
+    with Client(settings=settings) as client:
+        ours = TandemResult("t-1", app=client.app)
+        celerys = AsyncResult("t-1", app=client.app)
+        assert set(vars(celerys)) - {"on_ready"} <= set(vars(ours))
+        assert (ours.id, ours.app, ours.backend, ours.parent) == (
+            celerys.id, celerys.app, celerys.backend, celerys.parent,
+        )  # fmt: skip
+        assert "_on_ready" not in vars(ours)
+        assert ours.on_ready is ours.on_ready and not ours.on_ready.ready
+        with pytest.raises(ValueError, match="requires valid id"):
+            TandemResult(None, app=client.app)
 
 
 def test_then_calls_back_before_or_after_get_as_in_celery(settings, executor):
@@ -224,3 +242,34 @@ def test_anything_else_published_on_a_result_channel_is_passed_over(settings, r,
         r.set(keys.result(task_id), stored)
         r.publish(keys.result(task_id), stored)
         assert client.listener.wait(task_id, 10)["result"] == {"answer": 42}
+
+
+#: JSON values, and the types kombu's JSON writes with markers (Celery's backend too).
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+    | st.datetimes() | st.uuids() | st.decimals(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@given(JSONISH)
+def test_a_result_decodes_as_celerys_backend_decodes_it(value):
+    data = kombu_json.dumps({"status": "SUCCESS", "result": value}).encode()
+    assert repr(results.loads(data)) == repr(kombu_json.loads(data))
+    assert repr(results.loads(data.decode())) == repr(kombu_json.loads(data))
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+))  # fmt: skip
+def test_a_result_is_stored_as_json_dumps_writes_it_or_fails_alone(value):
+    meta = json.loads(results.success("t-1", value))
+    try:
+        expected = json.dumps(value, allow_nan=False)
+    except ValueError:  # NaN or infinity: not JSON
+        assert meta["status"] == "FAILURE" and meta["result"]["exc_type"] == "BadInput"
+    else:
+        assert meta["status"] == "SUCCESS" and json.dumps(meta["result"]) == expected
