@@ -40,14 +40,19 @@ class DirectCalls:
         self._lock = threading.Lock()  # guards _made
         self._pid = os.getpid()
 
-    def script(self, script: Script, keys, args, *, once: bool = False):
+    def script(self, script: Script, keys, args, *, once: bool = False, publishes: bool = False):
         """EVALSHA the script; its reply, or its error raised as the client raises it.
         once: a connection error is raised, never sent again (the client's retries would
-        run a script whose reply was lost a second time)."""
+        run a script whose reply was lost a second time).
+        publishes: the script publishes to a client that waits for it, which should hear
+        first. Redis writes its replies last-queued-first at the end of each event loop
+        round, so a PING sent just before the script (one write, two replies) queues this
+        caller's reply ahead of the subscriber's: the subscriber is written to, and wakes,
+        before this caller does (BENCHMARKS.md, "Who hears first")."""
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
         if once:
             return self._call(call, lambda: self._loaded(script, call), once=True)
-        return self._call(call, lambda: script(keys=keys, args=args))
+        return self._call(call, lambda: script(keys=keys, args=args), ping=publishes)
 
     def command(self, *args):
         """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...)."""
@@ -65,11 +70,18 @@ class DirectCalls:
         self.client.script_load(script.script)
         return self._call(call, None, once=True)
 
-    def _call(self, args: tuple, through_client, once: bool = False):
-        """through_client: the same call made through the client (None: raise instead)."""
+    def _call(self, args: tuple, through_client, once: bool = False, ping: bool = False):
+        """through_client: the same call made through the client (None: raise instead).
+        ping: a PING goes first, in the same write (see script)."""
         connection = self._take()
         try:
-            connection.send_packed_command(connection.pack_command(*args), check_health=False)
+            if ping:
+                packed = connection.pack_commands([("PING",), args])
+                connection.send_packed_command(packed, check_health=False)
+                connection.read_response()  # PONG: nothing can go wrong in between
+            else:
+                packed = connection.pack_command(*args)
+                connection.send_packed_command(packed, check_health=False)
             reply = connection.read_response()
         except NoScriptError:
             self._idle.append(connection)

@@ -476,9 +476,13 @@ class Table(Reads, Revocations):
             keys.metrics(model),
             *([keys.speed(model)] if speed is not None else []),
         ]
+        # Alone (low load), the results go out with the producers woken before this
+        # executor (DirectCalls.script's `publishes`): the executor's counts come after.
         return self._held(
             "complete",
-            lambda client: self._run(self.scripts.complete, script_keys, args, client),
+            lambda client: self._run(
+                self.scripts.complete, script_keys, args, client, publishes=count_later
+            ),
             holds=bool,
         )
 
@@ -560,10 +564,10 @@ class Table(Reads, Revocations):
                 raise ExecutorGone(script_keys[0]) from e
             raise
 
-    def _run(self, script, script_keys, args, client=None):
+    def _run(self, script, script_keys, args, client=None, *, publishes: bool = False):
         """A script as a direct call (broker/direct.py), or queued on a pipeline."""
         if client is None:
-            return self.direct.script(script, script_keys, args)
+            return self.direct.script(script, script_keys, args, publishes=publishes)
         return script(keys=script_keys, args=args, client=client)
 
     def reserved(self, executor_id: str) -> list[bytes]:

@@ -119,3 +119,36 @@ def test_close_closes_every_connection_made(r):
     assert len(made) == 2 and made <= client_ids(r)
     direct.close()
     wait_until(lambda: not made & client_ids(r), 10, "close() closed both")
+
+
+def ping_calls(r) -> int:
+    return int(r.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+
+
+def test_a_script_that_publishes_goes_after_a_ping_on_the_same_connection(r):
+    """publishes: one PING just before the script, on its connection; the reply, the
+    errors and the reload after a flush are the script's, as without it; the subscriber
+    gets what it publishes."""
+    direct = DirectCalls(r)
+    script = r.register_script(
+        "if ARGV[1] == 'fail' then return redis.error_reply('BAD no') end "
+        "redis.call('PUBLISH', KEYS[1], ARGV[1]) return ARGV[1]"
+    )
+    pubsub = r.pubsub()
+    pubsub.subscribe("heard")
+    assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+    r.script_load(script.script)
+    mine = direct.command("CLIENT", "ID")
+    pings = ping_calls(r)
+    assert direct.script(script, ["heard"], ["one"], publishes=True) == b"one"
+    assert ping_calls(r) == pings + 1
+    assert direct.command("CLIENT", "ID") == mine
+    assert pubsub.get_message(timeout=5)["data"] == b"one"
+    with pytest.raises(redis.ResponseError, match="BAD no"):
+        direct.script(script, ["heard"], ["fail"], publishes=True)
+    assert direct.command("CLIENT", "ID") == mine  # its own error: the connection kept
+    r.script_flush()
+    assert direct.script(script, ["heard"], ["two"], publishes=True) == b"two"  # loaded again
+    assert pubsub.get_message(timeout=5)["data"] == b"two"
+    pubsub.close()
+    direct.close()
