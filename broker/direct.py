@@ -26,6 +26,9 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+#: PING, as pack_command writes it.
+PING = b"*1\r\n$4\r\nPING\r\n"
+
 
 class DirectCalls:
     """Connections to the Redis of `client`, each used by one call at a time: a call takes
@@ -75,13 +78,12 @@ class DirectCalls:
         ping: a PING goes first, in the same write (see script)."""
         connection = self._take()
         try:
+            packed = connection.pack_command(*args)
+            if ping:  # in the same write, so Redis reads both in one event loop round
+                packed[0] = PING + packed[0]
+            connection.send_packed_command(packed, check_health=False)
             if ping:
-                packed = connection.pack_commands([("PING",), args])
-                connection.send_packed_command(packed, check_health=False)
-                connection.read_response()  # PONG: nothing can go wrong in between
-            else:
-                packed = connection.pack_command(*args)
-                connection.send_packed_command(packed, check_health=False)
+                connection.read_response()  # PONG
             reply = connection.read_response()
         except NoScriptError:
             self._idle.append(connection)

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from helpers import wait_until
-from tandem.broker.direct import DirectCalls
+from tandem.broker.direct import PING, DirectCalls
 
 SCRIPT = (
     "if ARGV[1] == 'fail' then return redis.error_reply('BAD no') end return {KEYS[1], ARGV[1]}"
@@ -129,6 +129,7 @@ def test_a_script_that_publishes_goes_after_a_ping_on_the_same_connection(r):
     """publishes: one PING just before the script, on its connection; the reply, the
     errors and the reload after a flush are the script's, as without it; the subscriber
     gets what it publishes."""
+    assert r.connection_pool.connection_class().pack_command("PING") == [PING]
     direct = DirectCalls(r)
     script = r.register_script(
         "if ARGV[1] == 'fail' then return redis.error_reply('BAD no') end "

@@ -90,6 +90,7 @@ class Executor:
         self.revocations = True
         self.id = f"{worker}/{model_ref}/{uuid.uuid4().hex[:6]}"
         self.state = State.WORKING
+        self._untold: State | None = None  # a state the hooks hear of later (_enter)
         self.batches = 0
         self.tasks = 0
         self.failed = 0
@@ -323,16 +324,25 @@ class Executor:
         """Run step until it succeeds or the executor stops, retrying Redis errors."""
         retry(step, what=f"executor {self.id}", stop=self._stop, each_try=self.tick)
 
-    def _enter(self, state: State) -> None:
+    def _enter(self, state: State, *, tell_later: bool = False) -> None:
+        """tell_later: the hooks hear of it from _tell(), once the results are out."""
         if state is State.IDLE:
             self._last_end = None
         if state != self.state:
             self.state = state
-            for hook in self.hooks:
-                try:
-                    hook.state_changed(self, state)
-                except Exception:  # noqa: BLE001 - a hook never stops the executor
-                    log.exception("hook %s failed", type(hook).__name__)
+            if tell_later:
+                self._untold = state
+            else:
+                self._tell(state)
+
+    def _tell(self, state: State) -> None:
+        """The hooks hear of a state change."""
+        self._untold = None
+        for hook in self.hooks:
+            try:
+                hook.state_changed(self, state)
+            except Exception:  # noqa: BLE001 - a hook never stops the executor
+                log.exception("hook %s failed", type(hook).__name__)
 
     def _claim_or_idle(self) -> Batch:
         """After a compute: claim a batch (one redelivered task alone, or up to max_batch
@@ -354,7 +364,7 @@ class Executor:
         taken = Batch([first])
         if self.max_wait_ms <= 0:
             # The route script already made this executor WORKING.
-            self._enter(State.WORKING)
+            self._enter(State.WORKING, tell_later=True)
             return taken
         if self.max_batch > 1:
             self._full.clear()
@@ -426,6 +436,8 @@ class Executor:
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
+        if self._untold is not None:
+            self._tell(self._untold)
         if learned:
             self.latency.observe_compute(learned, compute_ms)
         self._returner.hand_over(done)
