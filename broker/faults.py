@@ -14,7 +14,7 @@ Set TANDEM_TEST_FAULTS in a worker's environment to a comma-separated list of
 - KIND: ``redis`` (a ConnectionError, the default) or ``crash`` (a RuntimeError, as a
   bug would raise).
 
-Unset, it costs one dict lookup per step. Never set it in production.
+Unset, it costs one flag per step. Never set it in production.
 
 TANDEM_TEST_TRACE, a folder, has each step noted as it passes (CLOCK_MONOTONIC ns, step,
 when), in the folder's <pid>.steps, written out when an executor is about to wait on L2
@@ -54,6 +54,9 @@ class Faults:
             if kind not in ("redis", "crash") or not (fields[2] == "*" or fields[2].isdigit()):
                 raise BadSetting(f"{ENV}: {part!r} is not STEP:before|after:NTH[:redis|crash]")
             self.rules.setdefault((fields[0], fields[1]), []).append((fields[2], kind))
+        #: Some step has a fault due or is noted: at() has something to do. Steps on a
+        #: task's path skip the call otherwise (a call costs more cold than a flag).
+        self.active = bool(self.rules) or self.trace is not None
 
     @classmethod
     def from_env(cls) -> Faults:

@@ -86,7 +86,9 @@ def _parse(model: str) -> tuple[str, str]:
     return name, version
 
 
-_parse_cached = functools.lru_cache(maxsize=1024)(_parse)
+#: How many model names a process remembers as checked.
+MODELS_REMEMBERED = 1024
+_parse_cached = functools.lru_cache(maxsize=MODELS_REMEMBERED)(_parse)
 
 
 def l1(model: str) -> str:

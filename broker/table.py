@@ -126,9 +126,12 @@ class Table(Reads, Revocations):
         self._patience = threading.local()  # per executor thread: see patience()
 
     def _step(self, name: str, call):
-        self.faults.at(name, "before")
+        faults = self.faults
+        if not faults.active:
+            return call()
+        faults.at(name, "before")
         reply = call()
-        self.faults.at(name, "after", reply)
+        faults.at(name, "after", reply)
         return reply
 
     def _held(self, name: str, queue, holds) -> object:
@@ -232,9 +235,11 @@ class Table(Reads, Revocations):
         for start in range(0, len(messages), chunk):
             call = self.route_call(model, messages[start : start + chunk], priority, deadline)
             try:
-                self.faults.at("route", "before")
+                if self.faults.active:
+                    self.faults.at("route", "before")
                 replies = self._replicated(self.scripts.route, call)
-                self.faults.at("route", "after", replies)
+                if self.faults.active:
+                    self.faults.at("route", "after", replies)
             except NotReplicated as e:
                 raise _partial(e, out) from None
             except redis.ResponseError as e:
