@@ -207,6 +207,21 @@ def test_a_result_published_while_the_subscription_was_cut_is_not_lost(settings,
         assert res.get(timeout=10) == "across the cut"
 
 
+def test_a_cut_met_while_reading_directly_is_mended_through_pubsub(settings, executor, r, caplog):
+    """The subscription is read off its connection once a read went well; a cut there
+    hands the next read to PubSub, which reconnects and subscribes again, and the result
+    stored meanwhile is read from its key."""
+    executor(Threads())
+    with Client(settings=settings) as client:
+        assert client.submit(MODEL, "before").get(timeout=10) == "before"
+        assert client.listener._direct
+        r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        assert client.submit(MODEL, "after").get(timeout=10) == "after"
+        assert "reconnecting" in caplog.text  # the direct read met the cut
+        assert client.submit(MODEL, "again").get(timeout=10) == "again"
+        assert client.listener._direct
+
+
 def test_a_lone_task_to_an_idle_executor_stays_on_its_thread(settings, executor):
     """A tiny compute runs on the executor thread; a long one on the device thread, with
     the next batch claimed early while it computes."""
