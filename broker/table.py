@@ -235,11 +235,9 @@ class Table(Reads, Revocations):
         for start in range(0, len(messages), chunk):
             call = self.route_call(model, messages[start : start + chunk], priority, deadline)
             try:
-                if self.faults.active:
-                    self.faults.at("route", "before")
-                replies = self._replicated(self.scripts.route, call)
-                if self.faults.active:
-                    self.faults.at("route", "after", replies)
+                replies = self._step(
+                    "route", lambda call=call: self._replicated(self.scripts.route, call)
+                )
             except NotReplicated as e:
                 raise _partial(e, out) from None
             except redis.ResponseError as e:
