@@ -25,6 +25,8 @@ SCHEME = "sentinel://"
 #: The TLS keys a sentinel:// URL's query may hold, as for rediss://.
 TLS_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 CERT_REQS = ("required", "optional", "none")
+#: The protocol tandem's own connections speak (see connect()).
+RESP = 2
 
 
 def is_sentinel(url: str) -> bool:
@@ -66,7 +68,12 @@ def sentinel_tls(url: str) -> dict[str, str]:
 
 
 def connect(url: str, master: str = "", **options: Any) -> redis.Redis:
-    """A client of the Redis at `url`; of the current primary if it is a Sentinel URL."""
+    """A client of the Redis at `url`; of the current primary if it is a Sentinel URL.
+    It speaks RESP2 unless the URL or the options say otherwise (redis-py 8 defaults to
+    RESP3): on RESP3 each published result comes as a push frame, which redis-py hands
+    through a logger on its way, and the result listener reads its subscription directly
+    only on RESP2. Replies reach callers in the same shapes on either."""
+    options.setdefault("protocol", RESP)
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
     return _primary(Sentinel, url, master, options)

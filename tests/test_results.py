@@ -20,6 +20,7 @@ from kombu.utils import json as kombu_json
 
 from helpers import plain_celery, wait_until
 from tandem.broker import keys, results
+from tandem.broker.connect import connect
 from tandem.broker.errors import BadInput
 from tandem.broker.table import Table
 from tandem.producers.client import Client, TandemResult
@@ -207,6 +208,19 @@ def test_a_result_published_while_the_subscription_was_cut_is_not_lost(settings,
         assert res.get(timeout=10) == "across the cut"
 
 
+def test_tandems_connections_speak_resp2_unless_the_url_says_otherwise(settings):
+    """RESP2, so the listener can read results off its connection; a URL may ask for 3."""
+    for url, protocol in ((settings.redis_url, 2), (settings.redis_url + "?protocol=3", 3)):
+        client = connect(url)
+        try:
+            assert client.ping()
+            connection = client.connection_pool.get_connection()
+            assert int(connection.protocol) == protocol
+            client.connection_pool.release(connection)
+        finally:
+            client.close()
+
+
 def test_a_cut_met_while_reading_directly_is_mended_through_pubsub(settings, executor, r, caplog):
     """The subscription is read off its connection once a read went well; a cut there
     hands the next read to PubSub, which reconnects and subscribes again, and the result
@@ -215,6 +229,14 @@ def test_a_cut_met_while_reading_directly_is_mended_through_pubsub(settings, exe
     with Client(settings=settings) as client:
         assert client.submit(MODEL, "before").get(timeout=10) == "before"
         assert client.listener._direct
+        pubsub = client.listener._pubsub
+        through_pubsub = []
+        get_message = pubsub.get_message
+        pubsub.get_message = lambda **kw: through_pubsub.append(kw) or get_message(**kw)
+        for n in range(3):
+            assert client.submit(MODEL, n).get(timeout=10) == n
+        # Read off the connection: PubSub read at most once, for a health check due.
+        assert len(through_pubsub) <= 1
         r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         assert client.submit(MODEL, "after").get(timeout=10) == "after"
         assert "reconnecting" in caplog.text  # the direct read met the cut

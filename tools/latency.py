@@ -7,10 +7,12 @@ a queued task with a pushed result can take.
 - **floor**: the least a path with tandem's constraints can cost: an atomic route
   script (the first of a ready set, else L1), tandem's own message encoding and decoding,
   a Celery result stored and published by one script that also drops the task from
-  in-flight, its Redis calls made as tandem's are (broker/direct.py). No executor
+  in-flight, its Redis calls made as tandem's are (broker/direct.py, on connections
+  made as tandem makes them, broker/connect.py). No executor
   states, checks, metrics, events or threads: what tandem adds over the floor is its
   machinery, what the floor adds over bare is the constraints. Bare goes through
-  redis-py's client, as the issue that asked for it defined it.
+  redis-py's client as it comes (RESP3 in redis-py 8), as the issue that asked for it
+  defined it.
 - **tandem**: `Client.submit` and `get()` on `sim` at zero cost, one worker.
 
 The hop table puts the floor's steps next to tandem's: the same steps, noted by its
@@ -38,6 +40,7 @@ from typing import Any
 import redis
 
 from tandem.broker import keys, message, results
+from tandem.broker.connect import connect
 from tandem.broker.direct import DirectCalls
 from tandem.broker.faults import step_line, write_steps
 from tandem.broker.settings import Settings
@@ -88,7 +91,7 @@ def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
     publish its Celery result (its input, as `sim` returns it) in one script. It notes
     its steps as a tandem worker does (broker/faults.py, read by tools/hops.py), and
     writes them out to the trace folder once `dump` is set, clearing it."""
-    client = redis.Redis.from_url(url)
+    client = connect(url)
     direct = DirectCalls(client)
     complete = client.register_script(FLOOR_COMPLETE)
     noted: list[str] = []
@@ -151,7 +154,7 @@ class Floor(Bare):
     """The producer's side of the floor: encode, route by script, wait on one pattern."""
 
     def __init__(self, url: str) -> None:
-        self.redis = redis.Redis.from_url(url)
+        self.redis = connect(url)
         self.redis.zadd(FLOOR_READY, {"floor-consumer": 1})
         self.route = self.redis.register_script(FLOOR_ROUTE)
         self.direct = DirectCalls(self.redis)
