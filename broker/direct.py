@@ -28,6 +28,11 @@ from redis.exceptions import NoScriptError
 
 #: PING, as pack_command writes it.
 PING = b"*1\r\n$4\r\nPING\r\n"
+#: How many packed leading arguments DirectCalls keeps (one entry per model and priority
+#: for routes, one per executor for stores); past it, it starts afresh.
+HEADS_KEPT = 1024
+#: What _pack packs first and cuts off again (one byte, no space).
+PLACEHOLDER = b"-"
 
 
 class DirectCalls:
@@ -42,8 +47,18 @@ class DirectCalls:
         self._made: weakref.WeakSet = weakref.WeakSet()
         self._lock = threading.Lock()  # guards _made
         self._pid = os.getpid()
+        self._heads: dict[tuple, tuple[int, bytes]] = {}  # leading arguments, packed
 
-    def script(self, script: Script, keys, args, *, once: bool = False, publishes: bool = False):
+    def script(
+        self,
+        script: Script,
+        keys,
+        args,
+        *,
+        once: bool = False,
+        publishes: bool = False,
+        same: int = 0,
+    ):
         """EVALSHA the script; its reply, or its error raised as the client raises it.
         once: a connection error is raised, never sent again (the client's retries would
         run a script whose reply was lost a second time).
@@ -51,11 +66,14 @@ class DirectCalls:
         first. Redis writes its replies last-queued-first at the end of each event loop
         round, so a PING sent just before the script (one write, two replies) queues this
         caller's reply ahead of the subscriber's: the subscriber is written to, and wakes,
-        before this caller does (BENCHMARKS.md, "Who hears first")."""
+        before this caller does (BENCHMARKS.md, "Who hears first").
+        same: how many of the leading keys and args come back unchanged from call to call
+        (a model's keys, say): they are packed once and kept (see _pack)."""
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        lead = 3 + same if same else 0
         if once:
-            return self._call(call, lambda: self._loaded(script, call), once=True)
-        return self._call(call, lambda: script(keys=keys, args=args), ping=publishes)
+            return self._call(call, lambda: self._loaded(script, call), once=True, lead=lead)
+        return self._call(call, lambda: script(keys=keys, args=args), ping=publishes, lead=lead)
 
     def command(self, *args):
         """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...)."""
@@ -73,12 +91,14 @@ class DirectCalls:
         self.client.script_load(script.script)
         return self._call(call, None, once=True)
 
-    def _call(self, args: tuple, through_client, once: bool = False, ping: bool = False):
+    def _call(
+        self, args: tuple, through_client, once: bool = False, ping: bool = False, lead: int = 0
+    ):
         """through_client: the same call made through the client (None: raise instead).
-        ping: a PING goes first, in the same write (see script)."""
+        ping: a PING goes first, in the same write (see script). lead: see _pack."""
         connection = self._take()
         try:
-            packed = connection.pack_command(*args)
+            packed = self._pack(connection, args, lead)
             if ping:  # in the same write, so Redis reads both in one event loop round
                 packed[0] = PING + packed[0]
             connection.send_packed_command(packed, check_health=False)
@@ -103,6 +123,28 @@ class DirectCalls:
             raise
         self._idle.append(connection)
         return reply
+
+    def _pack(self, connection, args: tuple, lead: int) -> list:
+        """connection.pack_command(*args), with the first `lead` arguments packed once and
+        kept: packing runs cold on an idle path, where each argument costs ~1.5 us
+        (BENCHMARKS.md, "RESP2, and packing once"). The rest are packed after a
+        placeholder, as pack_command splits a first argument holding spaces, and spliced
+        in after the kept ones under the array's own length."""
+        if not lead:
+            return connection.pack_command(*args)
+        head = args[:lead]
+        key = (head, tuple(map(type, head)))  # 1 and 1.0 are equal, but pack apart
+        kept = self._heads.get(key)
+        if kept is None:  # (how many arguments they pack to, their bytes)
+            count, body = b"".join(connection.pack_command(*head))[1:].split(b"\r\n", 1)
+            kept = self._heads[key] = (int(count), body)
+            if len(self._heads) > HEADS_KEPT:
+                self._heads.clear()
+        packed = connection.pack_command(PLACEHOLDER, *args[lead:])
+        rest = len(args) - lead
+        cut = len(b"*%d\r\n$1\r\n%s\r\n" % (rest + 1, PLACEHOLDER))
+        packed[0] = b"*%d\r\n%s%s" % (kept[0] + rest, kept[1], packed[0][cut:])
+        return packed
 
     def _take(self):
         if self._pid != os.getpid():  # a forked child: the parent's connections are not its own

@@ -248,12 +248,15 @@ class Table(Reads, Revocations):
         return out
 
     def _replicated(self, script, call: dict):
-        """Run a script; with settings.min_replicas, also WAIT, in the same round trip on
-        the same connection, for that many replicas to hold its writes. Raises
-        NotReplicated if fewer did within replica_timeout_ms."""
+        """Run the route script (a route_call); with settings.min_replicas, also WAIT, in
+        the same round trip on the same connection, for that many replicas to hold its
+        writes. Raises NotReplicated if fewer did within replica_timeout_ms."""
         wanted = self.settings.min_replicas
         if not wanted:
-            return self.direct.script(script, call["keys"], call["args"])
+            # Its keys and first six args are the same for every route of a model and
+            # priority (_route_layout): packed once (DirectCalls.script's `same`).
+            same = len(call["keys"]) + 6
+            return self.direct.script(script, call["keys"], call["args"], same=same)
         with self.redis.pipeline(transaction=False) as pipe:
             script(**call, client=pipe)
             pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
@@ -469,6 +472,7 @@ class Table(Reads, Revocations):
             counters = speed = None
         else:
             args.extend(_bookkeeping(counters, speed))
+        same = len(args) if count_later else 3  # then the keys and these are the same each time
         for entry in entries:
             args.extend(entry)
         script_keys = [
@@ -484,7 +488,12 @@ class Table(Reads, Revocations):
         return self._held(
             "complete",
             lambda client: self._run(
-                self.scripts.complete, script_keys, args, client, publishes=count_later
+                self.scripts.complete,
+                script_keys,
+                args,
+                client,
+                publishes=count_later,
+                same=len(script_keys) + same,
             ),
             holds=bool,
         )
@@ -567,10 +576,13 @@ class Table(Reads, Revocations):
                 raise ExecutorGone(script_keys[0]) from e
             raise
 
-    def _run(self, script, script_keys, args, client=None, *, publishes: bool = False):
-        """A script as a direct call (broker/direct.py), or queued on a pipeline."""
+    def _run(
+        self, script, script_keys, args, client=None, *, publishes: bool = False, same: int = 0
+    ):
+        """A script as a direct call (broker/direct.py), or queued on a pipeline. same: see
+        DirectCalls.script."""
         if client is None:
-            return self.direct.script(script, script_keys, args, publishes=publishes)
+            return self.direct.script(script, script_keys, args, publishes=publishes, same=same)
         return script(keys=script_keys, args=args, client=client)
 
     def reserved(self, executor_id: str) -> list[bytes]:

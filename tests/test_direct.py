@@ -8,6 +8,9 @@ import threading
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from helpers import wait_until
 from tandem.broker.direct import PING, DirectCalls
@@ -152,4 +155,50 @@ def test_a_script_that_publishes_goes_after_a_ping_on_the_same_connection(r):
     assert direct.script(script, ["heard"], ["two"], publishes=True) == b"two"  # loaded again
     assert pubsub.get_message(timeout=5)["data"] == b"two"
     pubsub.close()
+    direct.close()
+
+
+ARG = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.binary(min_size=6001, max_size=7000),  # past redis-py's buffer cutoff: a chunk of its own
+)
+
+
+@given(
+    args=st.lists(ARG, min_size=1, max_size=12),
+    lead=st.integers(min_value=1, max_value=12),
+    first=st.sampled_from(["EVALSHA", "SET key", b"ECHO"]),
+)
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_arguments_packed_once_make_the_bytes_pack_command_makes(args, lead, first):
+    """Any arguments, any number of them kept packed: the very bytes redis-py sends, and
+    the same again from the kept packing."""
+    r = redis.Redis()  # packs without connecting
+    direct = DirectCalls(r)
+    connection = r.connection_pool.connection_class(**r.connection_pool.connection_kwargs)
+    call = (first, *args)
+    lead = min(lead, len(call))
+    expected = b"".join(connection.pack_command(*call))
+    assert b"".join(direct._pack(connection, call, lead)) == expected
+    assert b"".join(direct._pack(connection, call, lead)) == expected  # from what it kept
+
+
+def test_equal_numbers_of_other_types_are_kept_apart():
+    r = redis.Redis()
+    direct = DirectCalls(r)
+    connection = r.connection_pool.connection_class(**r.connection_pool.connection_kwargs)
+    for call in (("EVALSHA", 1, "x"), ("EVALSHA", 1.0, "x")):
+        expected = b"".join(connection.pack_command(*call))
+        assert b"".join(direct._pack(connection, call, 2)) == expected
+
+
+def test_a_script_with_its_leading_arguments_kept_answers_as_the_client_does(r):
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    for value in ("a", "b b", "c"):
+        assert direct.script(script, ["k"], [value], same=1) == [b"k", value.encode()]
+    assert len(direct._heads) == 1
     direct.close()
