@@ -75,14 +75,16 @@ def retry(
     """Run step until it returns, waiting out each retried error with backoff (each one
     logged as `what`). With stop: give up, returning None, once it is set."""
     retried = DISCONNECTS if raise_refusals else REDIS_ERRORS
-    backoff = backoff or Backoff()
+    delays = backoff  # made at the first error: most steps succeed at once
     while stop is None or not stop.is_set():
         if each_try is not None:
             each_try()
         try:
             done = step()
         except retried as e:
-            delay = backoff.next()
+            if delays is None:
+                delays = Backoff()
+            delay = delays.next()
             log.warning(
                 "%s: Redis error %s: %s; retrying in %.1fs", what, type(e).__name__, e, delay
             )
@@ -91,6 +93,7 @@ def retry(
             else:
                 stop.wait(delay)
         else:
-            backoff.reset()
+            if backoff is not None:
+                backoff.reset()
             return done
     return None

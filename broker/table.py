@@ -89,6 +89,20 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
     return script_keys, head
 
 
+@functools.lru_cache(maxsize=1024)
+def _complete_keys(executor_id: str, model: str, speed: bool) -> list[str]:
+    """complete.lua's keys: built once per executor, not once per store (not to be
+    changed: the list is shared)."""
+    return [
+        keys.inflight(executor_id),
+        keys.executor(executor_id),
+        keys.DEAD,
+        keys.STATS,
+        keys.metrics(model),
+        *([keys.speed(model)] if speed else []),
+    ]
+
+
 def _claimed(reply) -> bool:
     """A claiming script's reply holds tasks (see Batch.claimed)."""
     return isinstance(reply, list) and len(reply) > 1
@@ -125,12 +139,13 @@ class Table(Reads, Revocations):
         self.faults = faults if faults is not None else Faults()
         self._patience = threading.local()  # per executor thread: see patience()
 
-    def _step(self, name: str, call):
+    def _step(self, name: str, call, *args):
+        """call(*args), at the fault and trace point `name`."""
         faults = self.faults
         if not faults.active:
-            return call()
+            return call(*args)
         faults.at(name, "before")
-        reply = call()
+        reply = call(*args)
         faults.at(name, "after", reply)
         return reply
 
@@ -143,7 +158,7 @@ class Table(Reads, Revocations):
         is computed, and no batch counted stored, that a failover could take back."""
         wanted = self.settings.min_replicas
         if not wanted:
-            return self._step(name, lambda: queue(None))
+            return self._step(name, queue, None)
         acked = []
 
         def run():
@@ -211,7 +226,8 @@ class Table(Reads, Revocations):
     ) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1.
         Raises UnknownModel, QueueFull, Overloaded or BrokerUnavailable."""
-        (reply,) = self.route_many(model, [message], priority=priority, deadline=deadline)
+        (reply,) = self._route_chunk(model, [message], priority, deadline, [])
+        reply = routed_reply(model, reply)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -233,19 +249,26 @@ class Table(Reads, Revocations):
         chunks, which were enqueued."""
         out: list[str | None | QueueFull | Overloaded] = []
         for start in range(0, len(messages), chunk):
-            call = self.route_call(model, messages[start : start + chunk], priority, deadline)
-            try:
-                replies = self._step(
-                    "route", lambda call=call: self._replicated(self.scripts.route, call)
-                )
-            except NotReplicated as e:
-                raise _partial(e, out) from None
-            except redis.ResponseError as e:
-                _raise_converted(e, out)
-            except DISCONNECTS as e:
-                raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), out) from e
+            replies = self._route_chunk(
+                model, messages[start : start + chunk], priority, deadline, out
+            )
             out.extend(routed_reply(model, r) for r in replies)
         return out
+
+    def _route_chunk(
+        self, model: str, messages: Sequence[str], priority: int, deadline, routed: list
+    ) -> list:
+        """One route script call: its raw replies. routed: the replies of the chunks
+        before, which an error raised here carries (see route_many)."""
+        call = self.route_call(model, messages, priority, deadline)
+        try:
+            return self._step("route", self._replicated, self.scripts.route, call)
+        except NotReplicated as e:
+            raise _partial(e, routed) from None
+        except redis.ResponseError as e:
+            _raise_converted(e, routed)
+        except DISCONNECTS as e:
+            raise _partial(BrokerUnavailable(f"cannot reach Redis: {e}"), routed) from e
 
     def _replicated(self, script, call: dict):
         """Run the route script (a route_call); with settings.min_replicas, also WAIT, in
@@ -468,21 +491,14 @@ class Table(Reads, Revocations):
         s = self.settings
         args: list = [s.result_expires_s, s.dead_letter_max, s.dead_letter_ttl_s]
         if count_later:
-            args.extend(("", *_speed_args(None)))
+            args.extend(("", *NO_SPEED))
             counters = speed = None
         else:
             args.extend(_bookkeeping(counters, speed))
         same = len(args) if count_later else 3  # then the keys and these are the same each time
         for entry in entries:
             args.extend(entry)
-        script_keys = [
-            keys.inflight(executor_id),
-            keys.executor(executor_id),
-            keys.DEAD,
-            keys.STATS,
-            keys.metrics(model),
-            *([keys.speed(model)] if speed is not None else []),
-        ]
+        script_keys = _complete_keys(executor_id, model, speed is not None)
         # Alone (low load), the results go out with the producers woken before this
         # executor (DirectCalls.script's `publishes`): the executor's counts come after.
         return self._held(
@@ -629,8 +645,12 @@ def _bookkeeping(counters: Mapping[str, float] | None, speed: Speed | None) -> l
     return args + _speed_args(speed)
 
 
+#: The latency model's arguments when none is given.
+NO_SPEED = ("", 0, 0, 0, 0, 0)
+
+
 def _speed_args(speed: Speed | None) -> list:
     if speed is None:
-        return ["", 0, 0, 0, 0, 0]
+        return list(NO_SPEED)
     return [speed.rate, speed.lag_ms, speed.extra_ms, speed.base_ms, speed.per_item_ms,
             speed.margin_ms]  # fmt: skip

@@ -59,7 +59,7 @@ class TandemResult(AsyncResult):
         # AsyncResult.__init__, but for its on_ready promise (the property below).
         if task_id is None:
             raise ValueError(f"AsyncResult requires valid id, not {type(task_id)}")
-        self.app = app_or_default(app or self.app)
+        self.app = app or app_or_default(self.app)
         self.id = task_id
         self.backend = backend or self.app.backend
         self.parent = parent
@@ -167,9 +167,11 @@ class Client:
         self.submitted = 0
         self.to_l2 = 0
         self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)
-        self._concrete: set[str] = set()  # NAME:VERSION models resolve() has checked
+        #: NAME:VERSION models resolve() has checked: their L1 queues.
+        self._concrete: dict[str, str] = {}
         self._dispatcher = None  # task-sent events, made on first use
         self._events_lock = threading.Lock()
+        self._local = threading.local()  # this thread's result backend (_result)
 
     def __repr__(self) -> str:
         return f"<Client submitted={self.submitted} to_l2={self.to_l2}>"
@@ -199,17 +201,18 @@ class Client:
         # Each call skipped below costs more cold than its test: this runs once per task.
         if model not in self._concrete:
             model = self.resolve(model)
+        task_id_given = task_id is not None
         expires = None if deadline_s is None else _expires(deadline_s)
         task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
-        self._expect([task_id])
+        self._expect([task_id], own=not task_id_given)
         try:
             executor = self.table.route(
-                model, envelope, priority=priority, deadline=_epoch(expires)
+                model, envelope, priority=priority, deadline=expires and expires.timestamp()
             )
         except Exception:
             self.listener.release(task_id)  # never enqueued: no result will come
             raise
-        result = self._result(task_id, executor)
+        result = self._result(task_id, executor, heard=not task_id_given)
         if self.settings.send_sent_event:
             self._sent(model, [result], expires)
         return result
@@ -337,7 +340,7 @@ class Client:
         name, version = keys.parse_model(model)
         if version != "latest":
             if len(self._concrete) < keys.MODELS_REMEMBERED:
-                self._concrete.add(model)  # checked: submit need not ask again
+                self._concrete[model] = keys.l1(model)  # checked: submit need not ask again
             return model
         now = time.monotonic()
         cached = self._latest.get(name)
@@ -367,7 +370,7 @@ class Client:
         envelope = message.encode_checked(
             model,
             inputs,
-            queue=keys.l1(model),
+            queue=self._concrete.get(model) or keys.l1(model),
             task_id=task_id,
             priority=priority,
             expires=expires,
@@ -376,20 +379,30 @@ class Client:
         )
         return task_id, envelope
 
-    def _expect(self, task_ids: list[str]) -> None:
+    def _expect(self, task_ids: list[str], *, own: bool = False) -> None:
         """Have the listener keep these tasks' results, before they are routed (so none
         is stored before it listens). A task id given by the caller is not the
-        listener's: its result comes through Celery's own subscription."""
+        listener's: its result comes through Celery's own subscription. own: every id
+        was made by the listener."""
         try:
-            self.listener.expect([t for t in task_ids if self.listener.hears(t)])
+            self.listener.expect(
+                task_ids if own else [t for t in task_ids if self.listener.hears(t)]
+            )
         except redis.RedisError as e:
             raise BrokerUnavailable(f"cannot subscribe to results: {e}") from e
 
-    def _result(self, task_id: str, executor: str | None) -> TandemResult:
+    def _result(self, task_id: str, executor: str | None, heard: bool = False) -> TandemResult:
+        """heard: the listener made the id (else it asks)."""
         self.submitted += 1
         self.to_l2 += executor is not None
-        listener = self.listener if self.listener.hears(task_id) else None
-        return TandemResult(task_id, executor=executor, listener=listener, app=self.app)
+        listener = self.listener if heard or self.listener.hears(task_id) else None
+        try:
+            backend = self._local.backend  # the app's backend is one per thread, as Celery's
+        except AttributeError:
+            backend = self._local.backend = self.app.backend
+        return TandemResult(
+            task_id, executor=executor, listener=listener, app=self.app, backend=backend
+        )
 
 
 def _expires(deadline_s: float | None) -> datetime | None:
@@ -405,8 +418,9 @@ def _epoch(when: datetime | None) -> float | None:
 
 def _holds_tensors(inputs: Any) -> bool:
     """True if inputs, or a value of an inputs dict, is a torch tensor or a numpy array."""
-    values = inputs.values() if isinstance(inputs, dict) else (inputs,)
-    return any(hasattr(v, "dtype") and hasattr(v, "shape") for v in values)
+    if not isinstance(inputs, dict):
+        return hasattr(inputs, "dtype") and hasattr(inputs, "shape")
+    return any(hasattr(v, "dtype") and hasattr(v, "shape") for v in inputs.values())
 
 
 def stop_result_listener(app: Any) -> None:

@@ -63,6 +63,7 @@ class Returner:
         self._published: Speed | None = None  # the latency model as last published
         self._published_at = 0.0  # monotonic s
         self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
+        self._ended = False  # the thread's loop has returned
         self._thread = threading.Thread(
             target=self._loop, name=f"tandem return {owner.id}", daemon=True
         )
@@ -75,8 +76,9 @@ class Returner:
         return self._thread.is_alive()
 
     def check(self) -> None:
-        """Raise ExecutorCrashed if the thread has ended (a store failed)."""
-        if not self.alive:
+        """Raise ExecutorCrashed if the thread has ended (a store failed). Asked once per
+        batch: a flag, which costs less cold than asking the thread."""
+        if self._ended:
             raise ExecutorCrashed(f"its returner stopped: {self.error}")
 
     def hand_over(self, done: Computed) -> None:
@@ -104,8 +106,10 @@ class Returner:
         self.owner.stored(done)
 
     def drain(self) -> None:
-        """Wait until the batch in the slot, if any, is stored."""
-        self._slot.join()
+        """Wait until the batch in the slot, if any, is stored. Only this executor's thread
+        puts there, so a slot found empty stays so."""
+        if self._slot.unfinished_tasks:
+            self._slot.join()
 
     def close(self, timeout_s: float) -> None:
         """Store what the slot holds, then end the thread."""
@@ -116,6 +120,12 @@ class Returner:
     def _loop(self) -> None:
         """Store each computed batch. It retries only disconnects (tandem.broker.retry): any
         other error ends it, and the executor thread then restarts."""
+        try:
+            self._serve()
+        finally:
+            self._ended = True
+
+    def _serve(self) -> None:
         self.owner.table.patience(self.owner.tick, None)  # close() bounds a wait on stop
         while True:
             done = self._slot.get()
