@@ -394,7 +394,12 @@ class Executor:
         (woke: low load, nothing else waits to compute) is stored on this thread."""
         claimed_at = time.time()
         tasks = self._prepare.batch(batch, revocations=self.revocations)
-        ready = [n for n, task in enumerate(tasks) if task.error is None]
+        ready, live, inputs = [], [], []  # a loop: cold, each comprehension is a call
+        for n, task in enumerate(tasks):
+            if task.error is None:
+                ready.append(n)
+                live.append(task)
+                inputs.append(task.inputs)
         suspect = bool(ready) and batch.redelivered
         if suspect and self._returner.alive:
             # A suspect computes with nothing else in in-flight: if it kills the process,
@@ -410,8 +415,7 @@ class Executor:
             began = time.monotonic()
             if self._last_end is not None:
                 self.latency.observe_gap((began - self._last_end) * 1000)
-            self._computing = ([tasks[n] for n in ready], started_at, began)
-            inputs = [tasks[n].inputs for n in ready]
+            self._computing = (live, started_at, began)
             inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
             try:
                 if inline:

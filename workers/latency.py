@@ -108,7 +108,8 @@ class LatencyModel:
             self._fit.add(n, ms)
             self._recent.append((n, ms))
             self.batches += 1
-            self._margin = _tail([took - self._compute(size) for size, took in self._recent])
+            base, per_item = self._fit.line()  # once, not once per residual
+            self._margin = _tail([took - base - per_item * size for size, took in self._recent])
 
     def observe_gap(self, ms: float) -> None:
         """The device was free for ms between two computes while work was in hand."""

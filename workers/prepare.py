@@ -129,10 +129,14 @@ class Preparer:
         """Shed the tasks that would miss their deadlines in this batch, started at
         start_s or now, whichever is later; hand back those that would meet them but do
         not fit. Returns the tasks left, and True if some went back."""
-        live = [task for task in tasks if task.error is None]
-        if not (self.deadline_aware and self.latency.ready) or all(
-            task.deadline is None for task in live
-        ):
+        if not (self.deadline_aware and self.latency.ready):
+            return tasks, False
+        live, timed = [], False  # a loop: cold, each comprehension is a function call
+        for task in tasks:
+            if task.error is None:
+                live.append(task)
+                timed = timed or task.deadline is not None
+        if not timed:
             return tasks, False
         start = max(time.time(), start_s)
         latency = self.latency
