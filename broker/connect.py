@@ -80,9 +80,11 @@ def connect(url: str, master: str = "", **options: Any) -> redis.Redis:
 
 
 def connect_async(url: str, master: str = "", **options: Any):
-    """connect(), for asyncio: a redis.asyncio client."""
+    """connect(), for asyncio: a redis.asyncio client, RESP2 as connect()'s."""
     from redis import asyncio as aioredis
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    options.setdefault("protocol", RESP)
 
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, **options)

@@ -20,7 +20,7 @@ from kombu.utils import json as kombu_json
 
 from helpers import plain_celery, wait_until
 from tandem.broker import keys, results
-from tandem.broker.connect import connect
+from tandem.broker.connect import connect, connect_async
 from tandem.broker.errors import BadInput
 from tandem.broker.table import Table
 from tandem.producers.client import Client, TandemResult
@@ -219,6 +219,8 @@ def test_tandems_connections_speak_resp2_unless_the_url_says_otherwise(settings)
             client.connection_pool.release(connection)
         finally:
             client.close()
+        # The HTTP gateway's asyncio client speaks the same.
+        assert connect_async(url).connection_pool.connection_kwargs["protocol"] == protocol
 
 
 def test_a_cut_met_while_reading_directly_is_mended_through_pubsub(settings, executor, r, caplog):
