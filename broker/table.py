@@ -90,17 +90,16 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _complete_keys(executor_id: str, model: str, speed: bool) -> list[str]:
-    """complete.lua's keys: built once per executor, not once per store (not to be
-    changed: the list is shared)."""
-    return [
+def _complete_keys(executor_id: str, model: str, speed: bool) -> tuple[str, ...]:
+    """complete.lua's keys: built once per executor, not once per store."""
+    return (
         keys.inflight(executor_id),
         keys.executor(executor_id),
         keys.DEAD,
         keys.STATS,
         keys.metrics(model),
         *([keys.speed(model)] if speed else []),
-    ]
+    )
 
 
 def _claimed(reply) -> bool:
