@@ -127,7 +127,7 @@ class DirectCalls:
     def _pack(self, connection, args: tuple, lead: int) -> list:
         """connection.pack_command(*args), with the first `lead` arguments packed once and
         kept: packing runs cold on an idle path, where each argument costs ~1.5 us
-        (BENCHMARKS.md, "RESP2, and packing once"). The rest are packed after a
+        (BENCHMARKS.md, "RESP2, arguments packed once"). The rest are packed after a
         placeholder, as pack_command splits a first argument holding spaces, and spliced
         in after the kept ones under the array's own length."""
         if not lead:
