@@ -212,7 +212,7 @@ class Client:
         except Exception:
             self.listener.release(task_id)  # never enqueued: no result will come
             raise
-        result = self._result(task_id, executor, heard=not task_id_given)
+        result = self._result(task_id, executor, own=not task_id_given)
         if self.settings.send_sent_event:
             self._sent(model, [result], expires)
         return result
@@ -391,11 +391,11 @@ class Client:
         except redis.RedisError as e:
             raise BrokerUnavailable(f"cannot subscribe to results: {e}") from e
 
-    def _result(self, task_id: str, executor: str | None, heard: bool = False) -> TandemResult:
-        """heard: the listener made the id (else it asks)."""
+    def _result(self, task_id: str, executor: str | None, own: bool = False) -> TandemResult:
+        """own: the listener made the id (else it asks), as for _expect."""
         self.submitted += 1
         self.to_l2 += executor is not None
-        listener = self.listener if heard or self.listener.hears(task_id) else None
+        listener = self.listener if own or self.listener.hears(task_id) else None
         try:
             backend = self._local.backend  # the app's backend is one per thread, as Celery's
         except AttributeError:
