@@ -96,10 +96,12 @@ def watch_live(client: redis.Redis, interval_s: float = 1.0) -> None:
     """Redraw the tables every interval_s until Ctrl-C."""
     import time
 
+    # Live is entered before the first read, so a Ctrl-C at any moment leaves through its
+    # exit, which draws the last frame (on a pipe, the only one drawn).
     try:
-        with Live(tables(snapshot(client)), refresh_per_second=4) as live:
+        with Live("reading Redis...", refresh_per_second=4) as live:
             while True:
-                time.sleep(interval_s)  # the refresh interval
                 live.update(tables(snapshot(client)))
+                time.sleep(interval_s)  # the refresh interval
     except KeyboardInterrupt:
         pass

@@ -242,9 +242,11 @@ def _watched(settings) -> bool:
     import redis
 
     client = redis.Redis.from_url(settings.redis_url)
-    # Connected for a second or more: the first frame is drawn and refreshes are running.
+    # Connected for a second or more, so the first frame is drawn and refreshes are
+    # running. CLIENT LIST's age counts whole seconds of Redis's clock: 1 can be a
+    # millisecond old, 2 is at least a second.
     return any(
-        c.get("name") == "tandem-status-watch" and int(c.get("age", 0)) >= 1
+        c.get("name") == "tandem-status-watch" and int(c.get("age", 0)) >= 2
         for c in client.client_list()
     )
 
