@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
-from tandem.broker import payload
+from tandem.broker import fastjson, payload
 from tandem.broker.errors import BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
@@ -240,7 +240,7 @@ def _clip(text: str, limit: int = 80) -> str:
 
 def _json(data: bytes | str, what: str) -> Any:
     try:
-        return json.loads(data)
+        return fastjson.loads(data)
     except RecursionError:
         raise BadInput(f"malformed {what}: nested too deeply") from None
     except ValueError as e:

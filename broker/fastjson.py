@@ -1,0 +1,33 @@
+"""json.loads, at a third of its cost where it runs cold: on the low-load path each
+message and result is parsed after an idle spell, and json.loads enters three Python
+functions and the C scanner's setup before it reads a byte (BENCHMARKS.md, "JSON
+parsed by orjson").
+
+orjson parses what it accepts as json.loads does. Everything else goes to json.loads
+itself, so the value, or the error, is always json.loads's: what orjson refuses (NaN,
+Infinity, numbers past a double, a BOM, UTF-16, lone surrogates, deep nesting), and
+any text with a run of 19 digits, since orjson reads an integer past 64 bits as a
+float where json.loads keeps it exact (18 digits always fit).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_LONG_DIGITS_STR = re.compile(r"\d{19}")
+
+
+def loads(data: bytes | str) -> Any:
+    """json.loads(data): its value, or the error it raises."""
+    long = _LONG_DIGITS if isinstance(data, bytes) else _LONG_DIGITS_STR
+    if long.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
