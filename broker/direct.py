@@ -33,6 +33,9 @@ PING = b"*1\r\n$4\r\nPING\r\n"
 HEADS_KEPT = 1024
 #: What _pack packs first and cuts off again (one byte, no space).
 PLACEHOLDER = b"-"
+#: Past this many bytes redis-py sends a value as a chunk of its own, uncopied; _pack
+#: leaves such values to it (redis.connection's buffer cutoff).
+BUFFER_CUTOFF = 6000
 
 
 class DirectCalls:
@@ -127,9 +130,11 @@ class DirectCalls:
     def _pack(self, connection, args: tuple, lead: int) -> list:
         """connection.pack_command(*args), with the first `lead` arguments packed once and
         kept: packing runs cold on an idle path, where each argument costs ~1.5 us
-        (BENCHMARKS.md, "RESP2, arguments packed once"). The rest are packed after a
-        placeholder, as pack_command splits a first argument holding spaces, and spliced
-        in after the kept ones under the array's own length."""
+        (BENCHMARKS.md, "RESP2, arguments packed once"). The rest are packed here, as
+        redis-py packs them, in one loop rather than its three functions per argument;
+        any other type, or a value past redis-py's buffer cutoff (which it sends as a
+        chunk of its own), goes through pack_command, after a placeholder (pack_command
+        splits a first argument holding spaces), spliced in after the kept ones."""
         if not lead:
             return connection.pack_command(*args)
         head = args[:lead]
@@ -140,8 +145,23 @@ class DirectCalls:
             kept = self._heads[key] = (int(count), body)
             if len(self._heads) > HEADS_KEPT:
                 self._heads.clear()
-        packed = connection.pack_command(PLACEHOLDER, *args[lead:])
         rest = len(args) - lead
+        encoder = connection.encoder
+        tail = []
+        for value in args[lead:]:
+            kind = type(value)  # exact types: bool, subclasses and the rest are redis-py's
+            if kind is str:
+                value = value.encode(encoder.encoding, encoder.encoding_errors)
+            elif kind is int or kind is float:
+                value = repr(value).encode()
+            elif kind is not bytes:
+                break
+            if len(value) > BUFFER_CUTOFF:
+                break
+            tail.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        else:
+            return [b"*%d\r\n%s%s" % (kept[0] + rest, kept[1], b"".join(tail))]
+        packed = connection.pack_command(PLACEHOLDER, *args[lead:])
         cut = len(b"*%d\r\n$1\r\n%s\r\n" % (rest + 1, PLACEHOLDER))
         packed[0] = b"*%d\r\n%s%s" % (kept[0] + rest, kept[1], packed[0][cut:])
         return packed
