@@ -60,6 +60,9 @@ class Batch(Sequence):
     def __len__(self) -> int:
         return len(self.raw)
 
+    def __iter__(self):
+        return iter(self.raw)  # Sequence's own iterates in Python, by index
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Batch):
             return self.raw == other.raw and self.redelivered == other.redelivered
