@@ -647,3 +647,29 @@ def test_dead_letters_older_than_their_ttl_leave_the_list(r):
     table.complete("a", [(junk, "", deadletter.record(junk, "BadInput: no id"))])
     reasons = [json.loads(x)["reason"] for x in r.lrange(keys.DEAD, 0, -1)]
     assert reasons == ["BadInput: no id", "recent"]
+
+
+def test_tally_adds_whole_numbers_exactly_and_fractions_as_floats(r):
+    """_lib.lua's tally: a whole Lua number or string of digits takes HINCRBY, anything
+    else HINCRBYFLOAT, and a field that is not a number starts again."""
+    lua = scripts.source("count").split("\n-- A batch's bookkeeping alone")[0]
+    run = r.register_script(
+        lua
+        + """
+for i = 1, #ARGV, 2 do
+  local by = ARGV[i + 1]
+  if string.sub(by, 1, 1) == 'n' then by = tonumber(string.sub(by, 2)) end
+  tally(KEYS[1], ARGV[i], by)
+end
+return 1
+"""
+    )
+    r.hset("counts", "text", "not a number")
+    pairs = {"a": "n3", "b": "n3", "c": "n0.5", "d": "7", "e": "1.5", "big": "n1e15"}
+    pairs |= {"neg": "n-2", "text": "n4"}
+    run(keys=["counts"], args=[x for kv in pairs.items() for x in kv])
+    run(keys=["counts"], args=["a", "n3", "d", "-7"])
+    assert r.hgetall("counts") == {
+        b"a": b"6", b"b": b"3", b"c": b"0.5", b"d": b"0", b"e": b"1.5",
+        b"big": b"1000000000000000", b"neg": b"-2", b"text": b"4",
+    }  # fmt: skip

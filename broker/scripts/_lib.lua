@@ -69,9 +69,17 @@ local function not_ready(hash, id)
 end
 
 -- Add `by` to a counter of the stats or a metrics hash. A hash of another type is set
--- aside; a field that is not a number starts again at `by`.
+-- aside; a field that is not a number starts again at `by`. A whole number (a Lua number
+-- under 1e14, which tostring writes as digits, or a string of digits) takes HINCRBY; the
+-- number's test skips tostring and a pattern, which cost ~6 us cold on a route.
 local function tally(key, field, by)
-  local command = string.find(tostring(by), '^-?%d+$') and 'HINCRBY' or 'HINCRBYFLOAT'
+  local whole
+  if type(by) == 'number' then
+    whole = by % 1 == 0 and by > -1e14 and by < 1e14
+  else
+    whole = string.find(by, '^-?%d+$')
+  end
+  local command = whole and 'HINCRBY' or 'HINCRBYFLOAT'
   local reply = redis.pcall(command, key, field, by)
   if type(reply) ~= 'table' or not reply.err then return end
   if set_aside(key, 'hash') then
