@@ -29,6 +29,7 @@ SPECS = "tandem:specs"
 #: HASH of counters: redelivered (tasks reclaims moved back), duplicates (results kept).
 STATS = "tandem:stats"
 #: STREAM of executor state changes, written by the scripts, relayed by the coordinator.
+#: Fields: executor, model, state, ms (when it changed, Redis's clock).
 STATE_STREAM = "tandem:changes"
 #: PUB/SUB channel where the coordinator publishes each state change as JSON.
 STATE_CHANNEL = "tandem:state"
@@ -54,8 +55,9 @@ FENCE = "tandem:fence"
 RESULT_PREFIX = "celery-task-meta-"
 #: HASH per executor: model, worker, state, cap (its room: how many more tasks its L2
 #: takes now, 0 unless IDLE or WAITING), max_batch, expires_ms, batches, tasks,
-#: `ready`, the key of its model's ready set, and its latency model (base_ms,
-#: per_item_ms, margin_ms, rate, lag_ms, extra_ms; see speed()).
+#: `ready`, the key of its model's ready set, its latency model (base_ms,
+#: per_item_ms, margin_ms, rate, lag_ms, extra_ms; see speed()), and `routed_ms` while a
+#: route's WORKING is not yet in the changes stream (_lib.lua's settle_route).
 EXECUTOR_PREFIX = "tandem:executor:"
 #: LIST per executor: its second-level queue (L2). Producers LPUSH, the executor pops right.
 L2_PREFIX = "tandem:l2:"

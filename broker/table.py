@@ -71,7 +71,6 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
         keys.ready(model),
         keys.MODELS,
         target,
-        keys.STATE_STREAM,
         keys.retry(model),
         keys.speed(model),
         keys.SLO,
@@ -332,7 +331,7 @@ class Table(Reads, Revocations):
     def feed(self, model: str) -> int:
         """Hand tasks waiting in the model's L1 to its ready executors, as the route would
         have; returns how many. For tasks that skipped the route (plain Celery clients)."""
-        script_keys = [keys.ready(model), *keys.l1_keys(model), keys.STATE_STREAM]
+        script_keys = [keys.ready(model), *keys.l1_keys(model)]
         args = [keys.EXECUTOR_PREFIX, keys.L2_PREFIX, keys.FULL_PREFIX, keys.metrics(model)]
         return self.scripts.feed(keys=script_keys, args=args)
 
@@ -414,7 +413,8 @@ class Table(Reads, Revocations):
             keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
-        reply = self._call("begin", script_keys, [executor_id, room, taken], holds=_claimed)
+        args = [executor_id, room, taken, keys.metrics(model)]
+        reply = self._call("begin", script_keys, args, holds=_claimed)
         return Batch.claimed(reply)
 
     def claim(self, executor_id: str, model: str, n: int, *, alone: bool = False) -> Batch:
@@ -438,7 +438,8 @@ class Table(Reads, Revocations):
             keys.STATE_STREAM,
             *keys.claim_keys(model),
         ]
-        reply = self._call("claim_or_idle", script_keys, [executor_id, max_batch], holds=_claimed)
+        args = [executor_id, max_batch, keys.metrics(model)]
+        reply = self._call("claim_or_idle", script_keys, args, holds=_claimed)
         return None if reply[0] == 2 else Batch.claimed(reply)
 
     def unclaim(self, executor_id: str, model: str, raws: Sequence[bytes]) -> int:
@@ -449,7 +450,7 @@ class Table(Reads, Revocations):
     def set_state(self, executor_id: str, model: str, state: State) -> int:
         """Record WAITING or STOPPING; returns the executor's capacity after it."""
         script_keys = [keys.executor(executor_id), keys.STATE_STREAM, keys.speed(model)]
-        return self._call("state", script_keys, [executor_id, state.value])
+        return self._call("state", script_keys, [executor_id, state.value, keys.metrics(model)])
 
     def wait_l2(self, executor_id: str, timeout_s: float) -> bytes | None:
         """Block up to timeout_s for the next L2 task, moving it into in-flight. With
@@ -563,6 +564,7 @@ class Table(Reads, Revocations):
             self.settings.max_deliveries,
             keys.DELIVERIES_PREFIX,
             self.settings.result_expires_s,
+            keys.metrics(model),
         ]
         return self._step("reclaim", lambda: self.scripts.reclaim(keys=script_keys, args=args))
 

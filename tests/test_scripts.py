@@ -77,6 +77,61 @@ def test_without_a_batch_window_the_routed_task_makes_the_executor_working(table
     assert r.llen(keys.l2("a")) == 1
 
 
+def changes_of(r, executor_id: str) -> list[tuple[str, int]]:
+    """The executor's records in the changes stream: (state, ms), oldest first."""
+    return [
+        (fields[b"state"].decode(), int(fields[b"ms"]))
+        for _, fields in r.xrange(keys.STATE_STREAM)
+        if fields[b"executor"] == executor_id.encode()
+    ]
+
+
+def routed_to_l2(r) -> int:
+    return int(r.hget(keys.metrics(MODEL), "route:L2") or 0)
+
+
+@pytest.mark.parametrize("then", ["claim_or_idle", "stopping", "reclaim"])
+def test_a_route_that_makes_an_executor_working_leaves_the_record_to_its_next_step(table, r, then):
+    """Without a batch window the route makes the executor WORKING, but the change and
+    its route:L2 count are recorded by the executor's next script (off the task's path):
+    at the route's time, before that script's own change, and once."""
+    register(table, "a", max_wait_ms=0)
+    idle(table, "a")
+    before = changes_of(r, "a")
+    assert route(table, 0)[1] == "a"
+    assert changes_of(r, "a") == before and routed_to_l2(r) == 0
+    routed_ms = int(r.hget(keys.executor("a"), "routed_ms"))
+    if then == "claim_or_idle":
+        assert table.claim_or_idle("a", MODEL, 4) is None  # its task is still in L2
+        last = "IDLE"
+    elif then == "stopping":
+        table.set_state("a", MODEL, State.STOPPING)
+        last = "STOPPING"
+    else:
+        assert table.reclaim("a", MODEL, force=True) == 1
+        last = "GONE"
+    after = changes_of(r, "a")[len(before) :]
+    assert [state for state, _ in after] == ["WORKING", last]
+    assert after[0][1] == routed_ms <= after[1][1]
+    assert routed_to_l2(r) == 1
+    assert not r.hexists(keys.executor("a"), "routed_ms")
+    if then == "claim_or_idle":
+        idle(table, "a")
+    elif then == "stopping":
+        table.set_state("a", MODEL, State.STOPPING)
+    if then != "reclaim":
+        assert [state for state, _ in changes_of(r, "a")[len(before) :]][:2] == ["WORKING", last]
+        assert routed_to_l2(r) == 1  # recorded once
+
+
+def test_a_route_with_a_batch_window_records_and_counts_at_once(table, r):
+    register(table, "a", max_wait_ms=5)
+    idle(table, "a")
+    assert route(table, 0)[1] == "a"
+    assert routed_to_l2(r) == 1
+    assert not r.hexists(keys.executor("a"), "routed_ms")
+
+
 def test_a_working_executor_gets_nothing(table, r):
     register(table, "a")  # registers WORKING
     assert route(table, 0)[1] is None

@@ -4,7 +4,9 @@
 -- longest IDLE), so a route costs the same however many executors serve the model.
 -- An entry whose heartbeat lapsed is dropped on the way (the heartbeat adds it back
 -- if it lives). An executor with no batch window (max_wait_ms 0) computes at once,
--- so handing it a task makes it WORKING here, which saves the executor a round trip.
+-- so handing it a task makes it WORKING here, which saves the executor a round trip;
+-- the executor records that change, and counts the task in route:L2, after its compute
+-- (settle_route in _lib.lua).
 -- A WAITING executor whose room reaches 0 is told so on its full channel, which
 -- closes its batch window at once.
 -- A task bound for L1 that has a deadline (its own, else the model's SLO) is refused
@@ -15,8 +17,8 @@
 -- as those batches hold, and taken in proportion below that, where a task mostly
 -- joins a batch as it is topped up. Nothing is predicted while no executor has
 -- published a rate. ModelSpeed.wait_ms in broker/state.py is the same formula.
--- KEYS: ready set, models set, target L1 key, changes, retry list, speed hash,
---       slo hash, then the L1 keys of every priority
+-- KEYS: ready set, models set, target L1 key, retry list, speed hash, slo hash, then
+--       the L1 keys of every priority
 -- ARGV: model, executor key prefix, L2 key prefix, max_queue hash, metrics hash,
 --       full channel prefix, ms the tasks have left (-1: none given), how many of the
 --       L1 keys are at or above the tasks' priority, then one message per task
@@ -26,9 +28,9 @@
 -- route_messages(KEYS, ARGV) does it, for route.lua and requeue.lua.
 local function route_messages(KEYS, ARGV)
   local model = ARGV[1]
-  local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], KEYS[4], now_ms(), model)
+  local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], now_ms())
   local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
-  local out, to_l1, routed, refused = {}, 0, 0, 0
+  local out, to_l1, routed, to_l2, refused = {}, 0, 0, 0, 0
   local max_queue, budget
 
   -- What only a task bound for L1 needs: the model known (an executor in the ready set
@@ -41,7 +43,7 @@ local function route_messages(KEYS, ARGV)
     max_queue = tonumber(call('HGET', ARGV[4], model) or 0)
     budget = tonumber(ARGV[7])
     if budget < 0 then
-      budget = tonumber(call('HGET', KEYS[7], model) or 0)
+      budget = tonumber(call('HGET', KEYS[6], model) or 0)
       if budget <= 0 then budget = nil end
     end
   end
@@ -50,15 +52,15 @@ local function route_messages(KEYS, ARGV)
   local function wait()
     if not budget then return nil end
     if not rate then
-      local s = call('HMGET', KEYS[6], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
+      local s = call('HMGET', KEYS[5], 'rate', 'rate_lag', 'rate_extra', 'rate_batch',
         'batches')
       rate = tonumber(s[1]) or 0
       if rate > 1e-6 then
         lag, extra = (tonumber(s[2]) or 0) / rate, (tonumber(s[3]) or 0) / rate
         batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
       end
-      ahead = call('LLEN', KEYS[5])
-      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + call('LLEN', KEYS[k]) end
+      ahead = call('LLEN', KEYS[4])
+      for k = 7, 6 + tonumber(ARGV[8]) do ahead = ahead + call('LLEN', KEYS[k]) end
     end
     if rate <= 1e-6 then return nil end
     -- Claims take batches of about `batch`: the next one comes after half of one, on average.
@@ -68,7 +70,7 @@ local function route_messages(KEYS, ARGV)
   for i = 9, #ARGV do
     local id, state, window = ready.top()
     if id then
-      ready.hand(id, state, window, ARGV[i])
+      if not ready.hand(id, state, window, ARGV[i]) then to_l2 = to_l2 + 1 end
       routed = routed + 1
       out[#out + 1] = id
     else
@@ -76,7 +78,7 @@ local function route_messages(KEYS, ARGV)
       if unknown then return unknown end
       if max_queue > 0 and not depth then
         depth = 0
-        for k = 8, #KEYS do depth = depth + call('LLEN', KEYS[k]) end
+        for k = 7, #KEYS do depth = depth + call('LLEN', KEYS[k]) end
       end
       local predicted = wait()
       if max_queue > 0 and depth >= max_queue then
@@ -93,7 +95,7 @@ local function route_messages(KEYS, ARGV)
       end
     end
   end
-  if routed > 0 then tally(ARGV[5], 'route:L2', routed) end
+  if to_l2 > 0 then tally(ARGV[5], 'route:L2', to_l2) end
   if to_l1 > 0 then tally(ARGV[5], 'route:L1', to_l1) end
   if refused > 0 then tally(ARGV[5], 'shed:submit', refused) end
   return out

@@ -2,9 +2,10 @@
 -- A batch that would be empty takes one redelivered task alone instead.
 -- If nothing was taken before (ARGV[3] == 0) and nothing arrives, stay as is.
 -- KEYS: executor hash, L2, in-flight, changes, retry list, L1 keys of every priority
--- ARGV: executor id, room (max_batch - taken), taken
+-- ARGV: executor id, room (max_batch - taken), taken, metrics hash
 -- Returns 1 if it took a redelivered task, else 0, then the messages moved by this call.
 if not registered(KEYS[1]) then return redis.error_reply('GONE') end
+settle_route(KEYS[4], KEYS[1], ARGV[1], ARGV[4])
 local out = {}
 while true do
   local m = call('RPOPLPUSH', KEYS[2], KEYS[3])

@@ -10,7 +10,7 @@
 -- KEYS: executor hash, executors set, L2, in-flight, changes, stats, retry,
 --       poison, L1 keys of priority 0,3,6,9, deadlines set, speed hash
 -- ARGV: executor id, force ('1' or '0'), count deliveries ('1' or '0'),
---       max deliveries, deliveries key prefix, deliveries ttl s
+--       max deliveries, deliveries key prefix, deliveries ttl s, metrics hash
 -- Returns the number of tasks moved, or -1 if the executor is alive.
 local expires = tonumber(call('HGET', KEYS[1], 'expires_ms'))
 if ARGV[2] ~= '1' and expires and expires > now_ms() then return -1 end
@@ -42,6 +42,7 @@ end
 redis.call('DEL', KEYS[4])
 if redelivered > 0 then tally(KEYS[6], 'redelivered', redelivered) end
 if poisoned > 0 then tally(KEYS[6], 'poisoned', poisoned) end
+settle_route(KEYS[5], KEYS[1], ARGV[1], ARGV[7])
 change(KEYS[5], KEYS[1], ARGV[1], 'GONE')
 not_ready(KEYS[1], ARGV[1])
 set_speed(KEYS[1], KEYS[14], 0, 0, 0)

@@ -11,6 +11,7 @@ call('HSET', KEYS[1], 'id', ARGV[1], 'model', ARGV[2], 'worker', ARGV[3],
   'pid', ARGV[7], 'expires_ms', now_ms() + tonumber(ARGV[5]),
   'started_ms', now_ms(), 'batches', 0, 'tasks', 0, 'ready', ARGV[10])
 not_ready(KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[1], 'routed_ms')  -- a route's record belongs to the hash it replaces
 call('ZADD', KEYS[6], now_ms() + tonumber(ARGV[5]), ARGV[1])
 call('SADD', KEYS[2], ARGV[1])
 call('SADD', KEYS[3], ARGV[2])

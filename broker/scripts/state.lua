@@ -2,9 +2,10 @@
 -- STOPPING also zeroes its room, so nothing more is routed here, and takes the
 -- executor's rate out of its model's speed hash, since it claims nothing more.
 -- KEYS: executor hash, changes, speed hash
--- ARGV: executor id, state
+-- ARGV: executor id, state, metrics hash
 -- Returns the executor's room after the change.
 if not registered(KEYS[1]) then return redis.error_reply('GONE') end
+settle_route(KEYS[2], KEYS[1], ARGV[1], ARGV[3])
 -- STOPPING is final: only a new registration leaves it.
 if call('HGET', KEYS[1], 'state') == 'STOPPING' then return 0 end
 call('HSET', KEYS[1], 'state', ARGV[2])
