@@ -224,7 +224,7 @@ class Table(Reads, Revocations):
     ) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1.
         Raises UnknownModel, QueueFull, Overloaded or BrokerUnavailable."""
-        (reply,) = self._route_chunk(model, [message], priority, deadline, [])
+        reply = self._route_chunk(model, [message], priority, deadline, [], one=True)
         reply = routed_reply(model, reply)
         if isinstance(reply, Exception):
             raise reply
@@ -254,13 +254,22 @@ class Table(Reads, Revocations):
         return out
 
     def _route_chunk(
-        self, model: str, messages: Sequence[str], priority: int, deadline, routed: list
+        self,
+        model: str,
+        messages: Sequence[str],
+        priority: int,
+        deadline,
+        routed: list,
+        *,
+        one: bool = False,
     ) -> list:
         """One route script call: its raw replies. routed: the replies of the chunks
-        before, which an error raised here carries (see route_many)."""
+        before, which an error raised here carries (see route_many). one: a single
+        message, whose raw reply comes alone (route_one.lua)."""
         call = self.route_call(model, messages, priority, deadline)
+        script = self.scripts.route_one if one else self.scripts.route
         try:
-            return self._step("route", self._replicated, self.scripts.route, call)
+            return self._step("route", self._replicated, script, call)
         except NotReplicated as e:
             raise _partial(e, routed) from None
         except redis.ResponseError as e:

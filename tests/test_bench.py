@@ -189,7 +189,7 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
         assert row["send_p50_ms"] > 0 and row["wait_p50_ms"] > 0
     assert bare["ratio_p50"] == 1.0 and floor["over_floor_p50"] == 1.0
     commands = {row["command"] for row in report["redis_us"]}
-    assert {"route", "complete"} <= commands  # its own scripts, timed by Redis
+    assert {"route_one", "complete"} <= commands  # its own scripts, timed by Redis
     # The hop table: every step of a task's path seen for each task, in the path's order.
     hops = {row["step"]: row for row in report["hops"]}
     assert len(hops) == 7 and all(row["tasks"] == 3 for row in hops.values())

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
+import redis
 
 from tandem.broker import deadletter, keys, message, results, scripts
 from tandem.broker.errors import ExecutorGone, QueueFull, TandemError, UnknownModel
@@ -728,3 +730,37 @@ return 1
         b"a": b"6", b"b": b"3", b"c": b"0.5", b"d": b"0", b"e": b"1.5",
         b"big": b"1000000000000000", b"neg": b"-2", b"text": b"4",
     }  # fmt: skip
+
+
+def test_a_single_route_replies_as_a_list_of_one_would(table, r):
+    """route_one.lua, a submit's route, replies with what route.lua replies for its one
+    message, alone: for an executor, L1, QueueFull, Overloaded, and an unknown model."""
+
+    def with_executor():
+        register(table, "a")
+        idle(table, "a")
+
+    def full():
+        register(table, "a")
+        r.hset(keys.MAX_QUEUE, MODEL, 1)
+        r.lpush(keys.l1(MODEL), "waiting")
+
+    def slow():
+        register(table, "a")
+        r.lpush(keys.l1(MODEL), "waiting")
+        r.hset(keys.speed(MODEL), mapping={"rate": 0.001, "batches": 1})
+
+    cases = [(with_executor, None), (lambda: register(table, "a"), None), (full, None)]
+    cases += [(slow, 10.0), (lambda: None, None)]
+    for setup, deadline_s in cases:
+        replies = []
+        for script in (table.scripts.route_one, table.scripts.route):
+            r.flushdb()
+            setup()
+            deadline = None if deadline_s is None else time.time() + deadline_s
+            try:
+                replies.append(script(**table.route_call(MODEL, ["x"], 0, deadline)))
+            except redis.ResponseError as e:
+                replies.append(str(e))
+        one, listed = replies
+        assert [one] == listed if isinstance(listed, list) else one == listed

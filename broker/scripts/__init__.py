@@ -8,6 +8,7 @@ import redis
 
 NAMES = (
     "route",
+    "route_one",
     "requeue",
     "feed",
     "begin",
@@ -25,7 +26,7 @@ NAMES = (
 
 
 #: Scripts that also need the route itself (_route.lua), after _lib.lua.
-INCLUDES = {"route": ("_route",), "requeue": ("_route",)}
+INCLUDES = {"route": ("_route",), "route_one": ("_route",), "requeue": ("_route",)}
 
 
 def source(name: str) -> str:
