@@ -25,7 +25,7 @@
 -- Returns one reply per message: the executor id, 0 for L1, the L1 depth that
 -- refused it (QUEUE_FULL) as a negative number, or {predicted wait ms, tasks ahead,
 -- ms it had left} when the wait passes its deadline (OVERLOADED).
--- route_messages(KEYS, ARGV) does it, for route.lua and requeue.lua.
+-- route_messages(KEYS, ARGV) does it, for route.lua, route_one.lua and requeue.lua.
 local function route_messages(KEYS, ARGV)
   local model = ARGV[1]
   local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], now_ms())
