@@ -202,9 +202,12 @@ def test_the_reported_messages_do_not_take_the_model_down(processes, r, settings
     with Client(settings=settings) as client:
         good = [client.submit("sim:1", [n]) for n in range(20)]
         assert [g.get(timeout=30) for g in good] == [[n] for n in range(20)]
-    for worker in ("w1", "w2"):
-        (executor,) = executors_of(r, worker)
-        assert executor.state == "IDLE"
+    # Each executor goes IDLE in its next step, just after its last result is out.
+    wait_until(
+        lambda: [executors_of(r, w)[0].state for w in ("w1", "w2")] == ["IDLE", "IDLE"],
+        10,
+        "both executors IDLE",
+    )
     assert r.llen(keys.DEAD) == len(raws) - len(with_id)
     assert "crashed" not in processes.log("w1") + processes.log("w2")
 
@@ -233,7 +236,10 @@ def test_generated_hostile_messages_through_real_workers(processes, r, settings)
         run()
     finally:
         client.close()
-    for worker in ("w1", "w2"):
-        (executor,) = executors_of(r, worker)
-        assert executor.state == "IDLE"
+    # Each executor goes IDLE in its next step, just after its last result is out.
+    wait_until(
+        lambda: [executors_of(r, w)[0].state for w in ("w1", "w2")] == ["IDLE", "IDLE"],
+        10,
+        "both executors IDLE",
+    )
     assert "crashed" not in processes.log("w1") + processes.log("w2")
