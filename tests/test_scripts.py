@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from importlib import resources
 
 import pytest
 import redis
@@ -709,7 +710,7 @@ def test_dead_letters_older_than_their_ttl_leave_the_list(r):
 def test_tally_adds_whole_numbers_exactly_and_fractions_as_floats(r):
     """_lib.lua's tally: a whole Lua number or string of digits takes HINCRBY, anything
     else HINCRBYFLOAT, and a field that is not a number starts again."""
-    lua = scripts.source("count").split("\n-- A batch's bookkeeping alone")[0]
+    lua = (resources.files(scripts) / "_lib.lua").read_text()
     run = r.register_script(
         lua
         + """

@@ -100,7 +100,7 @@ end
 
 -- The WORKING change a route made for an executor with no batch window (Ready.hand),
 -- recorded after it: the change, at the route's time (the hash's routed_ms), and its task
--- in the route:L2 count of the metrics hash, if given. In the route they cost ~20 us cold
+-- in the route:L2 count of the model's metrics hash. In the route they cost ~20 us cold
 -- on the task's path; the executor's next script (claim_or_idle, state, begin) or its
 -- reclaim records them, before any change of its own, so the stream keeps every change
 -- of an executor in order, one compute late.
@@ -108,7 +108,7 @@ local function settle_route(changes, hash, id, metrics)
   local ms = call('HGET', hash, 'routed_ms')
   if not ms then return end
   change(changes, hash, id, 'WORKING', nil, ms)
-  if metrics then tally(metrics, 'route:L2', 1) end
+  tally(metrics, 'route:L2', 1)
   redis.call('HDEL', hash, 'routed_ms')
 end
 
