@@ -91,34 +91,38 @@ LISTS = {keys.DEAD, keys.POISON, keys.retry("sim:1"), *keys.l1_keys("sim:1")}
 
 
 def apply(r, change) -> None:
-    """Make the change; a key an earlier example gave another type is replaced."""
+    """Make the change; a key an earlier example gave another type is replaced. Each step
+    runs in one MULTI/EXEC, so a running worker's own write cannot land between the
+    DEL and the write (it did once in CI: a heartbeat re-made the hash before the RPUSH)."""
     try:
         _apply(r, change)
     except redis.ResponseError as e:
         assert "WRONGTYPE" in str(e), e
-        r.delete(change[1])
-        _apply(r, change)
+        _apply(r, change, replace=True)
 
 
-def _apply(r, change) -> None:
+def _apply(r, change, replace: bool = False) -> None:
     op, key, arg = change
-    if op == "sadd":
-        r.sadd(key, arg)
-        if arg == b"ghost:1" or not arg:
-            r.sadd(key, b"ghost:1")  # a model with no executor and a wrong-typed metrics key
-    elif op == "hset":
-        r.hset(key, arg[0] or b"f", arg[1])
-    elif op == "zadd":
-        r.zadd(key, {arg or b"x": 0})
-    elif op == "xadd":
-        r.xadd(key, {arg[0] or b"f": arg[1]})
-    elif op == "set":
-        r.set(key, arg)
-    else:  # retype: a key of the wrong type
-        r.delete(key)
-        listed = key in LISTS or key.startswith((keys.L2_PREFIX, keys.INFLIGHT_PREFIX))
-        listed = listed or key.startswith(keys.DELIVERIES_PREFIX)
-        r.set(key, arg) if listed else r.rpush(key, arg or b"x")
+    with r.pipeline(transaction=True) as p:
+        if replace or op == "retype":
+            p.delete(key)
+        if op == "sadd":
+            p.sadd(key, arg)
+            if arg == b"ghost:1" or not arg:
+                p.sadd(key, b"ghost:1")  # a model with no executor and a wrong-typed metrics key
+        elif op == "hset":
+            p.hset(key, arg[0] or b"f", arg[1])
+        elif op == "zadd":
+            p.zadd(key, {arg or b"x": 0})
+        elif op == "xadd":
+            p.xadd(key, {arg[0] or b"f": arg[1]})
+        elif op == "set":
+            p.set(key, arg)
+        else:  # retype: a key of the wrong type
+            listed = key in LISTS or key.startswith((keys.L2_PREFIX, keys.INFLIGHT_PREFIX))
+            listed = listed or key.startswith(keys.DELIVERIES_PREFIX)
+            p.set(key, arg) if listed else p.rpush(key, arg or b"x")
+        p.execute()
 
 
 def test_hand_written_values_and_types_end_no_reader(processes, settings, r):
