@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as metadata
 import json
 import subprocess
@@ -102,7 +103,14 @@ def closure(dist: str, extras: frozenset[str] = frozenset()) -> set[str]:
 
 
 def distributions_of(top_level: str) -> set[str]:
-    return {canonicalize_name(d) for d in metadata.packages_distributions().get(top_level, [])}
+    return {canonicalize_name(d) for d in installed_packages().get(top_level, [])}
+
+
+@functools.cache
+def installed_packages() -> dict[str, list[str]]:
+    """Top-level import name -> distributions; it reads every installed distribution's
+    file list, so it is read once."""
+    return metadata.packages_distributions()
 
 
 def loaded_top_levels(modules, env: dict[str, str] | None = None) -> list[str]:
