@@ -11,9 +11,11 @@ options as the client's pool (TLS, Sentinel, RESP).
 A reply, or the command's own error, gives the connection back. A ConnectionError, a
 timeout or an OSError drops it, and the call is made again through the client, which
 reconnects and retries as it always did; a call asked to run once raises the error
-instead. NOSCRIPT (the script did not run) loads the script and runs it again. Anything
-else (an interrupt mid-reply) drops the connection and is raised, so no half-read reply
-is ever read by a later call.
+instead (an executor's claims: run again after a lost reply, a claim would take more
+tasks and leave the first ones in flight with nobody computing them). NOSCRIPT (the
+script did not run) loads the script and runs it again. Anything else (an interrupt
+mid-reply) drops the connection and is raised, so no half-read reply is ever read by a
+later call.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class DirectCalls:
         once: bool = False,
         publishes: bool = False,
         same: int = 0,
+        then: tuple | None = None,
     ):
         """EVALSHA the script; its reply, or its error raised as the client raises it.
         once: a connection error is raised, never sent again (the client's retries would
@@ -71,16 +74,25 @@ class DirectCalls:
         caller's reply ahead of the subscriber's: the subscriber is written to, and wakes,
         before this caller does (BENCHMARKS.md, "Who hears first").
         same: how many of the leading keys and args come back unchanged from call to call
-        (a model's keys, say): they are packed once and kept (see _pack)."""
+        (a model's keys, say): they are packed once and kept (see _pack).
+        then: a command sent in the same write after the script (a WAIT for replicas, on
+        the same connection); the reply is then (the script's, then's)."""
         call = ("EVALSHA", script.sha, len(keys), *keys, *args)
         lead = 3 + same if same else 0
         if once:
-            return self._call(call, lambda: self._loaded(script, call), once=True, lead=lead)
-        return self._call(call, lambda: script(keys=keys, args=args), ping=publishes, lead=lead)
+            return self._call(
+                call, lambda: self._loaded(script, call, then), once=True, lead=lead, then=then
+            )
+        if then is None:
+            through = lambda: script(keys=keys, args=args)  # noqa: E731
+        else:
+            through = lambda: self._pipelined(script, keys, args, then)  # noqa: E731
+        return self._call(call, through, ping=publishes, lead=lead, then=then)
 
-    def command(self, *args):
-        """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...)."""
-        return self._call(args, lambda: self.client.execute_command(*args))
+    def command(self, *args, once: bool = False):
+        """A command whose reply needs no parsing by redis-py (BLMOVE, ECHO, ...). once:
+        as for script()."""
+        return self._call(args, lambda: self.client.execute_command(*args), once=once)
 
     def close(self) -> None:
         with self._lock:
@@ -89,33 +101,50 @@ class DirectCalls:
         for connection in made:
             connection.disconnect()
 
-    def _loaded(self, script: Script, call: tuple):
+    def _loaded(self, script: Script, call: tuple, then: tuple | None):
         """After NOSCRIPT (it did not run): load the script, then run it once, here."""
         self.client.script_load(script.script)
-        return self._call(call, None, once=True)
+        return self._call(call, None, once=True, then=then)
+
+    def _pipelined(self, script: Script, keys, args, then: tuple) -> tuple:
+        """script() with `then`, through the client: one redis-py pipeline."""
+        with self.client.pipeline(transaction=False) as pipe:
+            script(keys=keys, args=args, client=pipe)
+            pipe.execute_command(*then)
+            return tuple(pipe.execute())
 
     def _call(
-        self, args: tuple, through_client, once: bool = False, ping: bool = False, lead: int = 0
+        self,
+        args: tuple,
+        through_client,
+        once: bool = False,
+        ping: bool = False,
+        lead: int = 0,
+        then: tuple | None = None,
     ):
         """through_client: the same call made through the client (None: raise instead).
-        ping: a PING goes first, in the same write (see script). lead: see _pack."""
+        ping: a PING goes first, in the same write (see script). lead: see _pack. then:
+        see script."""
         connection = self._take()
         try:
+            if not connection.is_connected:
+                # connect(), not the first send's own connect: a Sentinel connection
+                # asks the sentinels for the primary only in connect().
+                connection.connect()
             packed = self._pack(connection, args, lead)
             if ping:  # in the same write, so Redis reads both in one event loop round
                 packed[0] = PING + packed[0]
+            if then is not None:
+                packed.extend(connection.pack_command(*then))
             connection.send_packed_command(packed, check_health=False)
             if ping:
                 connection.read_response()  # PONG
-            reply = connection.read_response()
-        except NoScriptError:
-            self._idle.append(connection)
-            if through_client is None:
-                raise
-            return through_client()  # loads the script again
-        except redis.ResponseError:
-            self._idle.append(connection)  # the command's own error: the connection is fine
-            raise
+            try:
+                reply = connection.read_response()
+            except redis.ResponseError as e:  # the command's own error: read on, then raise
+                reply = e
+            if then is not None:
+                reply = (reply, connection.read_response())
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             connection.disconnect()
             if once:
@@ -125,6 +154,11 @@ class DirectCalls:
             connection.disconnect()  # interrupted mid-reply: never read the rest later
             raise
         self._idle.append(connection)
+        error = reply[0] if then is not None else reply
+        if isinstance(error, NoScriptError) and through_client is not None:
+            return through_client()  # loads the script again
+        if isinstance(error, redis.ResponseError):
+            raise error
         return reply
 
     def _pack(self, connection, args: tuple, lead: int) -> list:

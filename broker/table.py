@@ -147,23 +147,21 @@ class Table(Reads, Revocations):
         faults.at(name, "after", reply)
         return reply
 
-    def _held(self, name: str, queue, holds) -> object:
+    def _held(self, name: str, step, holds) -> object:
         """An executor's step that takes custody of tasks or results (a claim, a store):
-        queue(client) issues its commands, on a pipeline, or as direct calls when client
-        is None (see _run). With min_replicas, WAIT goes in the same round
-        trip, and when the reply holds something (holds(reply)) that fewer replicas
-        acknowledged, the step waits for them (await_replicas) before it returns: no task
-        is computed, and no batch counted stored, that a failover could take back."""
+        step(then) makes its call, with `then` (None, or a WAIT) sent after it in the same
+        write, and returns its reply, or (its reply, WAIT's) (see _run). With
+        min_replicas, WAIT goes in the same round trip, and when the reply holds something
+        (holds(reply)) that fewer replicas acknowledged, the step waits for them
+        (await_replicas) before it returns: no task is computed, and no batch counted
+        stored, that a failover could take back."""
         wanted = self.settings.min_replicas
         if not wanted:
-            return self._step(name, queue, None)
+            return self._step(name, step, None)
         acked = []
 
         def run():
-            with self.redis.pipeline(transaction=False) as pipe:
-                queue(pipe)
-                pipe.execute_command("WAIT", wanted, self.settings.replica_timeout_ms)
-                reply, count = pipe.execute()
+            reply, count = step(("WAIT", wanted, self.settings.replica_timeout_ms))
             acked.append(count)
             return reply
 
@@ -469,7 +467,9 @@ class Table(Reads, Revocations):
         l2, inflight = keys.l2(executor_id), keys.inflight(executor_id)
         reply = self._step(
             "wait_l2",
-            lambda: self.direct.command("BLMOVE", l2, inflight, "RIGHT", "LEFT", timeout_s),
+            lambda: self.direct.command(
+                "BLMOVE", l2, inflight, "RIGHT", "LEFT", timeout_s, once=True
+            ),
         )
         if reply is not None and self.settings.min_replicas:
             acked = self._fenced("wait_l2")
@@ -512,11 +512,11 @@ class Table(Reads, Revocations):
         # executor (DirectCalls.script's `publishes`): the executor's counts come after.
         return self._held(
             "complete",
-            lambda client: self._run(
+            lambda then: self._run(
                 self.scripts.complete,
                 script_keys,
                 args,
-                client,
+                then,
                 publishes=count_later,
                 same=len(script_keys) + same,
             ),
@@ -593,8 +593,9 @@ class Table(Reads, Revocations):
         try:
             script = getattr(self.scripts, name)
             if holds is not None:
+                # A claim is sent once: see _run.
                 return self._held(
-                    name, lambda client: self._run(script, script_keys, args, client), holds
+                    name, lambda then: self._run(script, script_keys, args, then, once=True), holds
                 )
             return self._step(name, lambda: self._run(script, script_keys, args))
         except redis.ResponseError as e:
@@ -603,13 +604,24 @@ class Table(Reads, Revocations):
             raise
 
     def _run(
-        self, script, script_keys, args, client=None, *, publishes: bool = False, same: int = 0
+        self,
+        script,
+        script_keys,
+        args,
+        then: tuple | None = None,
+        *,
+        once: bool = False,
+        publishes: bool = False,
+        same: int = 0,
     ):
-        """A script as a direct call (broker/direct.py), or queued on a pipeline. same: see
-        DirectCalls.script."""
-        if client is None:
-            return self.direct.script(script, script_keys, args, publishes=publishes, same=same)
-        return script(keys=script_keys, args=args, client=client)
+        """A script as a direct call (broker/direct.py); then: a command sent after it in
+        the same write, whose reply comes second. once: a lost connection is raised, never
+        sent again: a claim run twice would leave the first run's tasks in flight with no
+        one computing them; raised, the executor hands all it holds back and registers
+        again. same: see DirectCalls.script."""
+        return self.direct.script(
+            script, script_keys, args, once=once, publishes=publishes, same=same, then=then
+        )
 
     def reserved(self, executor_id: str) -> list[bytes]:
         """Every message in an executor's L2 and in-flight lists."""

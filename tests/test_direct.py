@@ -61,6 +61,22 @@ def test_the_commands_own_error_is_raised_and_the_connection_kept(r):
     direct.close()
 
 
+def test_a_command_sent_after_the_script_comes_back_second_in_step(r):
+    """`then` (a WAIT for replicas, in the executor's claims): in the same write, its reply
+    second; after the script's own error, the connection is still in step."""
+    direct = DirectCalls(r)
+    script = r.register_script(SCRIPT)
+    assert direct.script(script, ["k"], ["v"], then=("ECHO", "then")) == ([b"k", b"v"], b"then")
+    with pytest.raises(redis.ResponseError, match="BAD no"):
+        direct.script(script, ["k"], ["fail"], then=("ECHO", "left"))
+    assert direct.command("ECHO", "mine") == b"mine"  # not the reply left over
+    for once in (True, False):  # NOSCRIPT: loaded and run once here, or through the client
+        r.script_flush()
+        reply = direct.script(script, ["k"], [f"{once}"], then=("ECHO", "x"), once=once)
+        assert reply == ([b"k", f"{once}".encode()], b"x")
+    direct.close()
+
+
 def test_a_flushed_script_is_loaded_again(r):
     direct = DirectCalls(r)
     script = r.register_script(SCRIPT)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from conftest import Processes
 from helpers import fast_settings, wait_until
 from tandem.broker.connect import connect, sentinel_parts
+from tandem.broker.direct import DirectCalls
 from tandem.broker.errors import BadSetting, TandemError
 from tandem.broker.settings import load_settings
 from tandem.producers.client import Client
@@ -35,6 +37,19 @@ def group(tmp_path):
     sentinels = SentinelGroup(tmp_path / "redis", master="tandem").start()
     yield sentinels
     sentinels.stop()
+
+
+def test_direct_calls_go_to_the_primary_itself(group):
+    """A direct call's connection asks the sentinels for the primary, as the client's do
+    (its first send's own connect would go to the default localhost:6379)."""
+    client = connect(group.url, group.master)
+    direct = DirectCalls(client)
+    mine = direct.command("CLIENT", "ID", once=True)  # once: no fallback to the client
+    primary = redis.Redis(port=group.primary())
+    assert mine in {int(c["id"]) for c in primary.client_list()}
+    direct.close()
+    primary.close()
+    client.close()
 
 
 def test_the_url_takes_kombus_form():
