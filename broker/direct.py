@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from functools import partial
 
 import redis
 from redis.commands.core import Script
@@ -84,9 +85,9 @@ class DirectCalls:
                 call, lambda: self._loaded(script, call, then), once=True, lead=lead, then=then
             )
         if then is None:
-            through = lambda: script(keys=keys, args=args)  # noqa: E731
+            through = partial(script, keys=keys, args=args)
         else:
-            through = lambda: self._pipelined(script, keys, args, then)  # noqa: E731
+            through = partial(self._pipelined, script, keys, args, then)
         return self._call(call, through, ping=publishes, lead=lead, then=then)
 
     def command(self, *args, once: bool = False):

@@ -150,7 +150,7 @@ class Table(Reads, Revocations):
     def _held(self, name: str, step, holds) -> object:
         """An executor's step that takes custody of tasks or results (a claim, a store):
         step(then) makes its call, with `then` (None, or a WAIT) sent after it in the same
-        write, and returns its reply, or (its reply, WAIT's) (see _run). With
+        write, and returns its reply, or (its reply, WAIT's) (DirectCalls.script). With
         min_replicas, WAIT goes in the same round trip, and when the reply holds something
         (holds(reply)) that fewer replicas acknowledged, the step waits for them
         (await_replicas) before it returns: no task is computed, and no batch counted
@@ -512,11 +512,11 @@ class Table(Reads, Revocations):
         # executor (DirectCalls.script's `publishes`): the executor's counts come after.
         return self._held(
             "complete",
-            lambda then: self._run(
+            lambda then: self.direct.script(
                 self.scripts.complete,
                 script_keys,
                 args,
-                then,
+                then=then,
                 publishes=count_later,
                 same=len(script_keys) + same,
             ),
@@ -593,35 +593,21 @@ class Table(Reads, Revocations):
         try:
             script = getattr(self.scripts, name)
             if holds is not None:
-                # A claim is sent once: see _run.
+                # A claim is sent once: run twice after a lost reply, it would leave the
+                # first run's tasks in flight with no one computing them. Raised, the
+                # executor hands all it holds back and registers again.
                 return self._held(
-                    name, lambda then: self._run(script, script_keys, args, then, once=True), holds
+                    name,
+                    lambda then: self.direct.script(
+                        script, script_keys, args, once=True, then=then
+                    ),
+                    holds,
                 )
-            return self._step(name, lambda: self._run(script, script_keys, args))
+            return self._step(name, lambda: self.direct.script(script, script_keys, args))
         except redis.ResponseError as e:
             if _gone(e):
                 raise ExecutorGone(script_keys[0]) from e
             raise
-
-    def _run(
-        self,
-        script,
-        script_keys,
-        args,
-        then: tuple | None = None,
-        *,
-        once: bool = False,
-        publishes: bool = False,
-        same: int = 0,
-    ):
-        """A script as a direct call (broker/direct.py); then: a command sent after it in
-        the same write, whose reply comes second. once: a lost connection is raised, never
-        sent again: a claim run twice would leave the first run's tasks in flight with no
-        one computing them; raised, the executor hands all it holds back and registers
-        again. same: see DirectCalls.script."""
-        return self.direct.script(
-            script, script_keys, args, once=once, publishes=publishes, same=same, then=then
-        )
 
     def reserved(self, executor_id: str) -> list[bytes]:
         """Every message in an executor's L2 and in-flight lists."""
