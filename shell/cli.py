@@ -54,6 +54,14 @@ def redis_option(f):
     )(f)
 
 
+def _watch_lifeline(settings: Settings) -> None:
+    """Started by `tandem up`: stop as on SIGTERM once it is gone (broker/lifeline.py)."""
+    if settings.lifeline_fd >= 0:
+        from tandem.broker.lifeline import watch
+
+        watch(settings.lifeline_fd)
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -137,6 +145,7 @@ def worker(**flags) -> None:
 
     settings = _settings(**flags)
     setup_logging(settings.loglevel)
+    _watch_lifeline(settings)
     run_worker(settings)
 
 
@@ -161,6 +170,7 @@ def coordinator(**flags) -> None:
 
     settings = _settings(**flags)
     setup_logging(settings.loglevel)
+    _watch_lifeline(settings)
     serve(settings)
 
 
@@ -418,7 +428,7 @@ def up(workers, **flags) -> None:
     from tandem.broker.extras import require
 
     require("worker", "tandem up")
-    from tandem.stack import Stack
+    from tandem.stack import STOP_BOUND_S, Stack
 
     settings = load_settings(**flags)
     setup_logging("INFO")
@@ -442,9 +452,20 @@ def up(workers, **flags) -> None:
             time.sleep(0.5)  # idle until Ctrl-C, SIGTERM or a child exits
     except KeyboardInterrupt:
         pass
-    finally:
-        click.echo("stopping ...")
+    click.echo(
+        f"stopping: the workers (each finishes its batch and hands back what it holds), "
+        f"then the coordinator, then Redis; within {STOP_BOUND_S:g} s. Ctrl-C again stops "
+        "everything at once."
+    )
+    try:
         stack.stop()
+    except KeyboardInterrupt:
+        click.echo(
+            "stopped at once: the workers were killed; the tasks they held go back to L1 "
+            "at the next `tandem up`"
+        )
+        sys.exit(130)
+    click.echo("stopped")
     if exited:
         raise exited
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +47,10 @@ class RedisServer:
     """A real redis-server on 127.0.0.1, AOF on, data under `data_dir`.
 
     tls: a (certificate, key) pair to serve TLS only, with the certificate as its own CA.
+    keeper_fd: a lifeline's read end (broker/lifeline.py): the server runs under
+    shell/keeper.py, which stops it once every holder of the write end has exited.
+    The server runs in a session of its own either way: a terminal's Ctrl-C never
+    reaches it, only its owner's stop().
     """
 
     def __init__(
@@ -54,8 +61,10 @@ class RedisServer:
         binary: str | None = None,
         tls: tuple[Path, Path] | None = None,
         args: tuple[str, ...] = (),
+        keeper_fd: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.keeper_fd = keeper_fd
         self.args = args  # more redis-server options, e.g. --replicaof HOST PORT
         self.port = port or free_port()
         self.appendfsync = appendfsync
@@ -113,7 +122,17 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
-        self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT)
+        command, fds = self.command(), ()
+        if self.keeper_fd is not None:
+            command = [sys.executable, "-m", "tandem.keeper", str(self.keeper_fd), "--", *command]
+            fds = (self.keeper_fd,)
+        self.process = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+            start_new_session=True,
+        )
         log_file.close()
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
@@ -136,13 +155,13 @@ class RedisServer:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill()
 
     def kill(self) -> None:
-        """SIGKILL, as a crash would."""
+        """SIGKILL, as a crash would: to its session's group, the server and its keeper."""
         if self.process and self.process.poll() is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
     def __enter__(self) -> RedisServer:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,11 +18,14 @@ from pathlib import Path
 
 import redis
 
+from tandem.broker import lifeline
 from tandem.broker.discovery import STACK_FILE, stack_url
 from tandem.broker.errors import ProcessExited, TandemError
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.server import RedisServer
+
+log = logging.getLogger("tandem.stack")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -81,9 +85,11 @@ def spawn(
     module: str = "tandem.cli",
     name: str | None = None,
     env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Child:
-    """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path;
-    env: more variables for it."""
+    """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path,
+    in a session of its own (a terminal's Ctrl-C reaches only its owner). env: more
+    variables for it; pass_fds: file descriptors it inherits (its lifeline, say)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings_env(settings), **(env or {})}
     with open(log_path, "ab") as log:
@@ -96,17 +102,40 @@ def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
+
+
+#: How long stop() gives each part of a stack, in turn: the workers together, the
+#: coordinator, then Redis. A part still running past its share is killed; what it held
+#: is in Redis. The README states their sum as the bound of a Ctrl-C on `tandem up`.
+STOP_WORKERS_S = 20.0
+STOP_COORDINATOR_S = 5.0
+STOP_REDIS_S = 5.0
+STOP_BOUND_S = STOP_WORKERS_S + STOP_COORDINATOR_S + STOP_REDIS_S
+
+
+def stop_all(processes: Sequence[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
+    """SIGTERM to each at once, then wait for them all within timeout_s; SIGKILL to those
+    still running. Returns the ones killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    killed = []
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            killed.append(process)
+    return killed
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 30.0) -> int:
     """SIGTERM, wait, then SIGKILL if it will not stop. Returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    stop_all([process], timeout_s)
     return process.wait()
 
 
@@ -120,7 +149,8 @@ def wait_for_executors(
     table = Table(client)
     deadline = time.monotonic() + timeout_s
     while True:
-        ready = [e for e in table.executors() if e.state == "IDLE"]
+        now_ms = table.now_ms()  # an executor left by a killed stack is not ready
+        ready = [e for e in table.executors() if e.state == "IDLE" and e.expires_ms > now_ms]
         if len(ready) >= count:
             return
         for process in processes:
@@ -131,7 +161,12 @@ def wait_for_executors(
 
 
 class Stack:
-    """Redis (embedded unless settings name one), a coordinator and `workers` workers."""
+    """Redis (embedded unless settings name one), a coordinator and `workers` workers.
+
+    Every process it starts sees it gone, however it ends (broker/lifeline.py): the
+    coordinator and the workers stop as on SIGTERM, and the embedded Redis stops once
+    they all have (shell/keeper.py). None of them is in the caller's process group, so
+    a terminal's Ctrl-C reaches only the caller, which stops them in order (stop())."""
 
     def __init__(
         self,
@@ -146,7 +181,10 @@ class Stack:
         self.embedded = embedded
         self.data_dir = Path(data_dir)
         self.server: RedisServer | None = None
+        #: The coordinator first, then the workers.
         self.processes: list[Child] = []
+        self._lifeline: lifeline.Pipe | None = None  # its children see this process gone
+        self._holders: lifeline.Pipe | None = None  # Redis sees the whole stack gone
 
     @property
     def url(self) -> str:
@@ -158,39 +196,104 @@ class Stack:
         return self.data_dir / "stack.json"
 
     def start(self, timeout_s: float = 60.0) -> Stack:
+        if self.embedded and (running := stack_url(self.stack_file)):
+            raise TandemError(
+                f"a tandem up is already running in this folder, on {running}; "
+                "stop it first, or point this command at it with --redis"
+            )
+        self._lifeline, self._holders = lifeline.Pipe(), lifeline.Pipe()
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout_s: float) -> None:
         if self.embedded:
-            if running := stack_url(self.stack_file):
-                raise TandemError(
-                    f"a tandem up is already running in this folder, on {running}; "
-                    "stop it first, or point this command at it with --redis"
-                )
-            self.server = RedisServer(self.data_dir / "redis").start()
+            keeper_fd = self._holders.read_fd
+            self.server = RedisServer(self.data_dir / "redis", keeper_fd=keeper_fd).start()
             self.settings = self.settings.replace(redis_url=self.server.url)
-            self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
+            self._write_stack_file()
         logs = self.data_dir / "logs"
-        self.processes.append(spawn(["coordinator"], self.settings, logs / "coordinator.log"))
+        child = self.settings.replace(lifeline_fd=self._lifeline.read_fd)
+        fds = (self._lifeline.read_fd, self._holders.write_fd)
+        self.processes.append(spawn(["coordinator"], child, logs / "coordinator.log", pass_fds=fds))
         for n in range(self.workers):
-            worker = self.settings.replace(hostname=f"worker{n + 1}@%h")
-            self.processes.append(spawn(["worker"], worker, logs / f"worker{n + 1}.log"))
+            worker = child.replace(hostname=f"worker{n + 1}@%h")
+            self.processes.append(
+                spawn(["worker"], worker, logs / f"worker{n + 1}.log", pass_fds=fds)
+            )
+        if self.embedded:
+            self._write_stack_file()
         client = redis.Redis.from_url(self.url)
         try:
             wait_for_executors(
                 client, self.workers * len(self.settings.models), timeout_s, self.processes
             )
-        except Exception:
-            self.stop()
-            raise
         finally:
             client.close()
-        return self
+
+    def _write_stack_file(self) -> None:
+        """The URL and this process's pid, for the commands that follow (discovery.py),
+        and the pids of the stack's processes, for an operator."""
+        pids = {p.name: p.pid for p in self.processes}
+        if self.server and self.server.process:
+            pids["redis"] = self.server.process.pid
+        self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "pids": pids}))
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            stop_process(process)
+        """Stop in order, each part within its share of STOP_BOUND_S: every worker at once
+        (each finishes its batch in hand, stores its results, hands back what it holds
+        and deregisters), then the coordinator, then Redis (it writes its AOF). One past
+        its share is killed: what it held is in Redis, handed back once its heartbeat
+        lapses. A KeyboardInterrupt meanwhile (a second Ctrl-C) kills what is left at
+        once, and is raised again."""
+        try:
+            workers, coordinator = self.processes[1:], self.processes[:1]
+            for process in stop_all(workers, STOP_WORKERS_S) + stop_all(
+                coordinator, STOP_COORDINATOR_S
+            ):
+                log.warning(
+                    "%s did not stop within its share of %g s; killed (what it held goes "
+                    "back to L1 once its heartbeat lapses)",
+                    process.name,
+                    STOP_BOUND_S,
+                )
+            if self.server:
+                self.server.stop(STOP_REDIS_S)
+        except KeyboardInterrupt:
+            previous = _ignore_interrupts()
+            try:
+                self.kill()
+            finally:
+                _restore_interrupts(previous)
+            raise
+        finally:
+            self._release()
+
+    def kill(self) -> None:
+        """Stop everything at once: SIGKILL to the coordinator and the workers (what they
+        held is in Redis), then Redis stopped (SIGTERM: it writes its AOF at once)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes:
+            process.wait()
+        if self.server:
+            self.server.stop(STOP_REDIS_S)
+        self._release()
+
+    def _release(self) -> None:
+        """Forget the stopped processes; close this process's ends of the lifelines (any
+        child still running then stops by itself), and drop the stack file."""
         self.processes.clear()
+        for pipe in (self._lifeline, self._holders):
+            if pipe is not None:
+                pipe.close()
+        self._lifeline = self._holders = None
         if self.server:
             self.stack_file.unlink(missing_ok=True)
-            self.server.stop()
 
     def exited(self) -> ProcessExited | None:
         """The first of the stack's processes that has exited, as an error, or None."""
@@ -206,3 +309,17 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _ignore_interrupts():
+    """Ignore SIGINT (a third Ctrl-C) while the stack is killed; returns the old handler,
+    or None off the main thread, where signal handlers cannot be set."""
+    try:
+        return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        return None
+
+
+def _restore_interrupts(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
