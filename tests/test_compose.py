@@ -1,8 +1,10 @@
-"""The compose deployment, checked by parsing it (Docker cannot run here)."""
+"""The compose deployment, checked by parsing it and by docker compose's own `config`
+(no Docker engine runs here, so nothing is started)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,12 +55,12 @@ def test_each_worker_reserves_its_own_gpu(compose):
 def test_every_tandem_service_shares_the_env_file(compose):
     env = dict(
         line.split("=", 1)
-        for line in (COMPOSE / "tandem.env").read_text().splitlines()
+        for line in (COMPOSE / "k8s" / "tandem.env").read_text().splitlines()
         if line and not line.startswith("#")
     )
     assert env["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
-    for name in TANDEM_SERVICES:
-        assert compose["services"][name]["env_file"] == "tandem.env"
+    for name in TANDEM_SERVICES:  # the same file as the Kubernetes ConfigMap's
+        assert compose["services"][name]["env_file"] == "k8s/tandem.env"
         assert compose["services"][name]["build"]["dockerfile"] == "compose/Dockerfile"
     assert (COMPOSE / "Dockerfile").exists()
 
@@ -72,12 +74,82 @@ def test_the_producer_waits_for_a_worker_whose_executors_are_registered(compose)
     }
 
 
-def test_flower_takes_its_broker_from_the_env_file_and_redis_stays_local(compose):
-    command = compose["services"]["flower"]["command"]
-    assert command[:3] == ["celery", "-A", "tandem.broker.celeryapp"]
-    assert not any("redis://" in part for part in command)
-    # No password in this file: Redis is published to this host only.
-    assert compose["services"]["redis"]["ports"] == ["127.0.0.1:6379:6379"]
+def test_flower_takes_its_broker_from_the_env_file_and_asks_for_a_login_when_told(compose):
+    flower = compose["services"]["flower"]
+    assert flower["command"][:3] == ["celery", "-A", "tandem.broker.celeryapp"]
+    assert not any("redis://" in part for part in flower["command"])
+    # Passed on from the shell only when set there: an empty one would lock Flower.
+    assert flower["environment"] == ["FLOWER_BASIC_AUTH"]
+
+
+PUBLISHED = {"flower": 5555, "gateway": 8000, "prometheus": 9090, "grafana": 3000}
+
+
+def test_only_what_a_user_opens_is_published_and_on_this_host_by_default(compose):
+    for name, service in compose["services"].items():
+        if name in PUBLISHED:
+            port = PUBLISHED[name]
+            assert service["ports"] == [f"${{PUBLISH_ADDRESS:-127.0.0.1}}:{port}:{port}"]
+        elif name == "redis":  # no password here: this host only, whatever PUBLISH_ADDRESS
+            assert service["ports"] == ["127.0.0.1:6379:6379"]
+        else:
+            assert "ports" not in service, f"{name} publishes a port"
+
+
+def compose_config(env: dict[str, str]) -> dict:
+    """`docker compose config` (v2), else Debian's `docker-compose config` (v1): the file
+    as Compose resolves it, variables and anchors included. Needs no Docker engine."""
+    if shutil.which("docker") and not subprocess.run(
+        ["docker", "compose", "version"], capture_output=True
+    ).returncode:
+        argv = ["docker", "compose"]
+    elif shutil.which("docker-compose"):
+        argv = ["docker-compose"]
+    else:
+        pytest.skip(
+            "no docker compose: v2 is not packaged for this OS, and Debian's docker-compose "
+            "(v1) is not installed (.ci/run installs it)"
+        )
+    done = subprocess.run(
+        [*argv, "-f", str(COMPOSE / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def published(service: dict) -> list[tuple[str, int]]:
+    """(host address, port) of each published port, in v1's short or v2's long form."""
+    out = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            out.append((port.get("host_ip", "0.0.0.0"), int(port["published"])))
+        else:
+            address, host_port, _ = port.split(":")
+            out.append((address, int(host_port)))
+    return out
+
+
+def test_docker_compose_accepts_the_file_and_publishes_on_this_host():
+    resolved = compose_config({})
+    services = resolved["services"]
+    assert set(services) == set(compose_services())
+    # Compose read the env file into each service's environment.
+    assert services["gateway"]["environment"]["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
+    for name, service in services.items():
+        for address, _ in published(service):
+            assert address == "127.0.0.1", f"{name} is published on {address}"
+    opened = compose_config({"PUBLISH_ADDRESS": "0.0.0.0"})["services"]
+    assert published(opened["gateway"]) == [("0.0.0.0", 8000)]
+    assert published(opened["redis"]) == [("127.0.0.1", 6379)]
+
+
+def compose_services() -> list[str]:
+    return list(yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())["services"])
 
 
 @pytest.mark.parametrize("service", ["coordinator", "worker-0", "flower", "gateway", "producer"])
@@ -104,7 +176,8 @@ def test_each_command_exists(compose, service):
 def test_the_gateway_listens_on_every_address_and_is_checked_on_its_ready_path(compose):
     gateway = compose["services"]["gateway"]
     assert gateway["command"][:2] == ["tandem", "http"]
-    assert "0.0.0.0" in gateway["command"] and gateway["ports"] == ["8000:8000"]
+    assert "0.0.0.0" in gateway["command"]  # inside its container: published on 127.0.0.1
+    assert gateway["environment"] == ["TANDEM_HTTP_TOKEN"]
     assert "/v2/health/ready" in " ".join(gateway["healthcheck"]["test"])
 
 
