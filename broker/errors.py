@@ -38,10 +38,12 @@ class DeadlineExceeded(TandemError):
 
 
 class Overloaded(TandemError):
-    """Refused at submit: the predicted wait in L1 already passes the task's deadline.
+    """Refused at submit: the predicted wait in L1 already passes the task's deadline, or
+    no executor of its model is live to compute it at all.
 
-    `wait_s` is the predicted time to the task's result, `deadline_s` the time it had
-    left, `ahead` the tasks that waited before it. Nothing was enqueued."""
+    `wait_s` is the predicted time to the task's result (infinite with no live executor),
+    `deadline_s` the time it had left, `ahead` the tasks that waited before it. Nothing
+    was enqueued."""
 
     def __init__(self, message: str, *, wait_s: float, deadline_s: float, ahead: int) -> None:
         super().__init__(message)

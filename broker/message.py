@@ -21,12 +21,12 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
 from tandem.broker import fastjson, payload
-from tandem.broker.errors import BadInput, DeadlineExceeded, TandemError
+from tandem.broker.errors import BadArgument, BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"
@@ -122,6 +122,23 @@ def encode(
 UUID_BATCH = 256
 _uuids: list[str] = []
 os.register_at_fork(after_in_child=_uuids.clear)
+
+
+def expires_in(deadline_s: float | None) -> datetime | None:
+    """When a task submitted now with deadline_s expires; None for none. Raises
+    BadArgument unless deadline_s is a positive, finite number of seconds."""
+    if deadline_s is None:
+        return None
+    if (
+        isinstance(deadline_s, bool)
+        or not isinstance(deadline_s, (int, float))
+        or not 0 < deadline_s < float("inf")
+    ):
+        raise BadArgument(
+            f"deadline_s must be a positive number of seconds, got {deadline_s!r}: a task "
+            "whose deadline has passed can only fail"
+        )
+    return datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
 
 
 def new_uuid() -> str:

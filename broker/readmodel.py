@@ -172,10 +172,14 @@ class Reads:
         return ms(*self.redis.time())
 
     def latest(self, name: str) -> str | None:
-        """The highest version of a model that has a live executor, as NAME:VERSION."""
+        """The highest version of a model that has a live executor, as NAME:VERSION; with
+        none live, the highest version a worker ever served (a submit then waits in its
+        L1, or is refused if it has a deadline); None if no worker ever served one."""
         now_ms = self.now_ms()
         live = {e.model for e in self.executors() if e.expires_ms > now_ms}
         versions = [m.partition(":")[2] for m in live if m.partition(":")[0] == name]
+        if not versions:
+            versions = [m.partition(":")[2] for m in self.models() if m.partition(":")[0] == name]
         if not versions:
             return None
         return f"{name}:{max(versions, key=keys.version_key)}"

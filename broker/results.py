@@ -73,11 +73,11 @@ def success(task_id: str, output: Any, extended: dict | None = None) -> str:
         return failure(task_id, BadInput(f"result cannot be stored as JSON: {e}"), extended)
 
 
-def revoked(task_id: str) -> str:
+def revoked(task_id: str, reason: str = "revoked") -> str:
     """REVOKED meta, as Celery's mark_as_revoked stores it."""
     exc = {
         "exc_type": "TaskRevokedError",
-        "exc_message": ["revoked"],
+        "exc_message": [reason],
         "exc_module": "celery.exceptions",
     }
     return _meta(task_id, "REVOKED", exc, None, {})

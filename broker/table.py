@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -44,11 +45,21 @@ log = logging.getLogger("tandem.table")
 
 def routed_reply(model: str, reply: bytes | int | list) -> str | None | QueueFull | Overloaded:
     """One message's route reply: an executor id, 0 (L1), -depth (refused: L1 is full),
-    or [wait ms, tasks ahead, ms left] (refused: the wait passes its deadline)."""
+    or [wait ms, tasks ahead, ms left] (refused: the wait passes its deadline; a wait of
+    -1: no executor is live)."""
     if isinstance(reply, bytes):
         return reply.decode()
     if isinstance(reply, list):
         wait_ms, ahead, left_ms = reply
+        if wait_ms < 0:
+            return Overloaded(
+                f"no live executor serves {model}: a task with a deadline is refused at "
+                f"once ({ahead} tasks wait in its first-level queue); nothing was enqueued. "
+                "Start a worker for it, or submit without a deadline to wait in L1",
+                wait_s=math.inf,
+                deadline_s=left_ms / 1000,
+                ahead=ahead,
+            )
         return Overloaded(
             f"{model} is overloaded: the predicted wait is {wait_ms} ms ({ahead} tasks "
             f"ahead), past the task's deadline in {left_ms} ms; nothing was enqueued",
@@ -74,6 +85,7 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple]:
         keys.retry(model),
         keys.speed(model),
         keys.SLO,
+        keys.executors(model),
         *l1_keys,
     )
     head = (

@@ -23,7 +23,6 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
@@ -136,9 +135,7 @@ class AsyncClient:
         (then nothing was enqueued)."""
         if not 0 <= priority <= 9:
             raise BadArgument(f"priority must be 0-9, got {priority}")
-        expires = None
-        if deadline_s is not None:
-            expires = datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
+        expires = message.expires_in(deadline_s)
         queue = keys.l1(model)
         ids, envelopes = [], []
         limit = self.settings.max_message_bytes
@@ -264,7 +261,8 @@ class AsyncClient:
 
     async def resolve(self, name: str, version: str | None) -> str:
         """NAME:VERSION; without a version (or `latest`), the highest version with a live
-        executor. Raises UnknownModel, also for a malformed name."""
+        executor, else (none live) the highest one ever served, as Table.latest. Raises
+        UnknownModel if none ever was, also for a malformed name."""
         try:
             keys.parse_model(f"{name}:{version or 'latest'}")
         except ValueError as e:
@@ -273,9 +271,9 @@ class AsyncClient:
             return f"{name}:{version}"
         served = await self._cached("versions " + name, lambda: reads.versions(self.redis, name))
         live = [m for m in served if await self.live(m)]
-        if not live:
-            raise UnknownModel(f"no live executor serves any version of {name!r}")
-        return max(live, key=lambda m: keys.version_key(m.partition(":")[2]))
+        if not (live or served):
+            raise UnknownModel(f"no worker has served any version of {name!r}")
+        return max(live or served, key=lambda m: keys.version_key(m.partition(":")[2]))
 
     async def spec(self, model: str) -> dict | None:
         """The signature the model's workers published, with its slo_ms; None if no

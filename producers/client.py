@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -202,7 +202,7 @@ class Client:
         if model not in self._concrete:
             model = self.resolve(model)
         task_id_given = task_id is not None
-        expires = None if deadline_s is None else _expires(deadline_s)
+        expires = None if deadline_s is None else message.expires_in(deadline_s)
         task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
         self._expect([task_id], own=not task_id_given)
         try:
@@ -234,7 +234,7 @@ class Client:
         those enqueued before a BrokerUnavailable cut a large burst short.
         """
         model = self.resolve(model)
-        expires = _expires(deadline_s)
+        expires = message.expires_in(deadline_s)
         encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
         self._expect([task_id for task_id, _ in encoded])
         envelopes = [envelope for _, envelope in encoded]
@@ -349,7 +349,7 @@ class Client:
         with unavailable_as_tandem():
             latest = self.table.latest(name)
         if latest is None:
-            raise UnknownModel(f"no live executor serves any version of {name!r}")
+            raise UnknownModel(f"no worker has served any version of {name!r}")
         self._latest[name] = (latest, now)
         return latest
 
@@ -403,13 +403,6 @@ class Client:
         return TandemResult(
             task_id, executor=executor, listener=listener, app=self.app, backend=backend
         )
-
-
-def _expires(deadline_s: float | None) -> datetime | None:
-    """When a task submitted now with this deadline expires."""
-    if deadline_s is None:
-        return None
-    return datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
 
 
 def _epoch(when: datetime | None) -> float | None:

@@ -327,6 +327,43 @@ def dead(redis_url, limit, requeue, purge, as_json) -> None:
 
 
 @main.command()
+@redis_option
+@click.argument("model")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before removing the tasks.")
+def purge(redis_url, model, yes) -> None:
+    """Empty MODEL's first-level queue (every priority), as `celery purge` does. Each
+    removed task gets a REVOKED result, so a caller waiting on it learns at once. Asks
+    first, unless --yes."""
+    from tandem.broker import keys
+    from tandem.broker.connect import connect
+    from tandem.broker.errors import BadArgument
+    from tandem.broker.purge import purge as purge_l1
+    from tandem.broker.table import Table
+
+    if keys.parse_model(model)[1] == "latest":
+        raise BadArgument(f"name the version to purge: {model} could mean another by now")
+    settings = _settings(redis_url=redis_url)
+    client = connect(settings.redis_url, settings.sentinel_master, client_name="tandem-purge")
+    waiting = Table(client).l1_depth(model)
+    if not waiting:
+        click.echo(f"the first-level queue of {model} is empty")
+        return
+    if not yes:
+        click.confirm(
+            f"Remove the {waiting} task(s) waiting in the first-level queue of {model} "
+            f"({keys.l1(model)})? Their callers get REVOKED",
+            abort=True,
+        )
+    removed = purge_l1(
+        client,
+        model,
+        result_expires_s=settings.result_expires_s,
+        max_bytes=settings.max_message_bytes,
+    )
+    click.echo(f"purged {removed} task(s) from the first-level queue of {model}")
+
+
+@main.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False))
 @click.option("--device", help="Load on this device instead of each config's own.")
 def models(directory, device) -> None:

@@ -18,6 +18,8 @@ def snapshot(client: redis.Redis) -> dict:
     executors = table.executors()
     models = table.models()
     speeds = {m: table.speed(m) for m in models}
+    now_ms = table.now_ms()
+    live = {m: sum(e.model == m and e.expires_ms > now_ms for e in executors) for m in models}
     return {
         "executors": [
             {
@@ -39,6 +41,8 @@ def snapshot(client: redis.Redis) -> dict:
                 "queue": keys.l1(m),
                 "l1": table.l1_depth(m),
                 "retry": table.retry_depth(m),
+                # 0: nothing computes its tasks; those with a deadline are refused.
+                "live_executors": live[m],
                 # Measured by the executors; None before their first batch.
                 "capacity_rps": round(speeds[m].rate, 1) if speeds[m] else None,
                 "predicted_wait_ms": (
@@ -52,14 +56,24 @@ def snapshot(client: redis.Redis) -> dict:
     }
 
 
+#: What the queue table's less obvious columns mean, printed under it.
+QUEUE_NOTES = (
+    "live: executors with a heartbeat; none: tasks with a deadline are refused, the rest wait. "
+    "capacity/s: what the live executors compute at full batches, as measured. "
+    "wait ms: the predicted wait in L1 of a task submitted now."
+)
+
+
 def tables(data: dict) -> Group:
     executors = RichTable(title="executors")
-    for column in ("id", "model", "state", "batches", "tasks", "mean batch", "L2", "in-flight"):
-        executors.add_column(column)
+    # An id holds its worker's name, model and a suffix: folded, never cut, in a narrow
+    # terminal, so it can be copied whole.
+    executors.add_column("id", overflow="fold", ratio=1)
+    for column in ("state", "batches", "tasks", "mean", "L2", "in-flight"):
+        executors.add_column(column, no_wrap=True)
     for e in data["executors"]:
         executors.add_row(  # names come from users (--hostname): escaped, never markup
             escape(e["id"]),
-            escape(e["model"]),
             e["state"],
             str(e["batches"]),
             str(e["tasks"]),
@@ -67,22 +81,32 @@ def tables(data: dict) -> Group:
             str(e["l2"]),
             str(e["inflight"]),
         )
-    queues = RichTable(title="first-level queues")
-    for column in ("model", "queue", "L1", "retry", "tasks/s", "wait ms"):
-        queues.add_column(column)
+    queues = RichTable(title="first-level queues", caption=QUEUE_NOTES, caption_justify="left")
+    queues.add_column("model", overflow="fold")
+    queues.add_column("queue", overflow="fold", ratio=1)
+    for column in ("L1", "retry", "live", "capacity/s", "wait ms"):
+        queues.add_column(column, no_wrap=True)
     for q in data["queues"]:
         known = [q["capacity_rps"], q["predicted_wait_ms"]]
+        live = q["live_executors"]
         queues.add_row(
             escape(q["model"]),
             escape(q["queue"]),
             str(q["l1"]),
             str(q["retry"]),
+            str(live) if live else "[bold red]none[/]",
             *("-" if v is None else str(v) for v in known),
         )
     dead = f"dead letters: {data['dead_letters']} (see `tandem dead`)"
     if data["poison"]:
         dead += f"; {data['poison']} poison tasks waiting for the coordinator to bury them"
-    return Group(executors, queues, dead)
+    idle = [q["model"] for q in data["queues"] if not q["live_executors"]]
+    if idle:
+        dead += (
+            f"\nno live executor serves {', '.join(idle)}: start a worker, or empty a queue "
+            "with `tandem purge MODEL`"
+        )
+    return Group(executors, queues, escape(dead))
 
 
 def render(client: redis.Redis, console: Console | None = None) -> dict:
@@ -92,14 +116,24 @@ def render(client: redis.Redis, console: Console | None = None) -> dict:
     return data
 
 
-def watch_live(client: redis.Redis, interval_s: float = 1.0) -> None:
-    """Redraw the tables every interval_s until Ctrl-C."""
+def watch_live(
+    client: redis.Redis, interval_s: float = 1.0, console: Console | None = None
+) -> None:
+    """Redraw the tables every interval_s until Ctrl-C. Written to a file or a pipe, each
+    refresh is printed as a frame of its own, under a line with its time."""
     import time
 
-    # Live is entered before the first read, so a Ctrl-C at any moment leaves through its
-    # exit, which draws the last frame (on a pipe, the only one drawn).
+    console = console or Console()
     try:
-        with Live("reading Redis...", refresh_per_second=4) as live:
+        if not console.is_terminal:
+            while True:
+                console.rule(time.strftime("%Y-%m-%d %H:%M:%S"))
+                console.print(tables(snapshot(client)))
+                console.file.flush()  # a file sees each frame as it is drawn
+                time.sleep(interval_s)  # the refresh interval
+        # Live is entered before the first read, so a Ctrl-C at any moment leaves through
+        # its exit, which draws the last frame.
+        with Live("reading Redis...", refresh_per_second=4, console=console) as live:
             while True:
                 live.update(tables(snapshot(client)))
                 time.sleep(interval_s)  # the refresh interval

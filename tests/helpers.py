@@ -73,13 +73,21 @@ def tandem(
     timeout: float = 60,
     cwd=None,
     env: dict[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the `tandem` command as a user would, with no TANDEM_* settings but the URL."""
+    """Run the `tandem` command as a user would, with no TANDEM_* settings but the URL;
+    input: what the user types."""
     env = {k: v for k, v in (env or os.environ).items() if not k.startswith("TANDEM_")}
     if redis_url:
         env["TANDEM_REDIS_URL"] = redis_url
     return subprocess.run(
-        ["tandem", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+        ["tandem", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        input=input,
     )
 
 

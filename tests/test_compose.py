@@ -99,9 +99,10 @@ def test_only_what_a_user_opens_is_published_and_on_this_host_by_default(compose
 def compose_config(env: dict[str, str]) -> dict:
     """`docker compose config` (v2), else Debian's `docker-compose config` (v1): the file
     as Compose resolves it, variables and anchors included. Needs no Docker engine."""
-    if shutil.which("docker") and not subprocess.run(
-        ["docker", "compose", "version"], capture_output=True
-    ).returncode:
+    if (
+        shutil.which("docker")
+        and not subprocess.run(["docker", "compose", "version"], capture_output=True).returncode
+    ):
         argv = ["docker", "compose"]
     elif shutil.which("docker-compose"):
         argv = ["docker-compose"]

@@ -275,24 +275,26 @@ def _working(table: Table, model: str) -> bool:
     return all(e.state == "WORKING" for e in table.executors(model))
 
 
-def test_a_model_without_a_live_executor_gets_503(stack, url):
-    gone = stack.worker("gone", models=("sim:3",), sim_base_ms=0, sim_per_item_ms=0)
-    body = slow_body(1)
-    assert post(url, "/v2/models/sim/versions/3/infer", body).status_code == 200
+@pytest.mark.parametrize("path", ["/v2/models/cnn/versions/1", "/v2/models/cnn"])
+def test_a_model_without_a_live_executor_gets_503_on_either_path(stack, url, path):
+    """With a version or without (the highest served): the same 503, never a 404."""
+    gone = stack.worker("gone", models=("cnn:1",))
+    body = infer_body("image", "FP32", [1, 3, 32, 32], [0.0] * 3072)
+    assert post(url, path + "/infer", body).status_code == 200
     gone.kill()
     gone.wait()
 
     def refused() -> httpx.Response | None:
         try:  # a task routed to it before its heartbeat lapsed waits for its deadline
-            done = httpx.post(url + "/v2/models/sim/versions/3/infer", json=body, timeout=2)
+            done = httpx.post(url + path + "/infer", json=body, timeout=2)
         except httpx.ReadTimeout:
             return None
         return done if done.status_code == 503 else None
 
-    done = wait_until(refused, 30, "the gateway to see sim:3 gone")
+    done = wait_until(refused, 30, "the gateway to see cnn:1 gone")
     assert "no live executor" in done.json()["error"] and done.headers["Retry-After"] == "1"
-    assert httpx.get(url + "/v2/models/sim/versions/3").status_code == 200  # still described
-    assert httpx.get(url + "/v2/models/sim/versions/3/ready").status_code == 503
+    assert httpx.get(url + path).status_code == 200  # still described
+    assert httpx.get(url + path + "/ready").status_code == 503
 
 
 def test_results_still_come_after_the_result_subscription_is_cut(stack, url):

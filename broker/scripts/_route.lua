@@ -17,19 +17,24 @@
 -- as those batches hold, and taken in proportion below that, where a task mostly
 -- joins a batch as it is topped up. Nothing is predicted while no executor has
 -- published a rate. ModelSpeed.wait_ms in broker/state.py is the same formula.
--- KEYS: ready set, models set, target L1 key, retry list, speed hash, slo hash, then
---       the L1 keys of every priority
+-- A task bound for L1 that has a deadline while no executor of the model is live (none
+-- registered, or every heartbeat lapsed) is refused too: nothing could compute it in
+-- time. Without a deadline it waits in L1, durably, for a worker to come.
+-- KEYS: ready set, models set, target L1 key, retry list, speed hash, slo hash, the
+--       model's executors set, then the L1 keys of every priority
 -- ARGV: model, executor key prefix, L2 key prefix, max_queue hash, metrics hash,
 --       full channel prefix, ms the tasks have left (-1: none given), how many of the
 --       L1 keys are at or above the tasks' priority, then one message per task
 -- Returns one reply per message: the executor id, 0 for L1, the L1 depth that
 -- refused it (QUEUE_FULL) as a negative number, or {predicted wait ms, tasks ahead,
--- ms it had left} when the wait passes its deadline (OVERLOADED).
+-- ms it had left} when the wait passes its deadline (OVERLOADED), with a wait of -1
+-- when no executor is live.
 -- route_messages(KEYS, ARGV) does it, for route.lua, route_one.lua and requeue.lua.
 local function route_messages(KEYS, ARGV)
-  local model = ARGV[1]
-  local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], now_ms())
+  local model, now = ARGV[1], now_ms()
+  local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], now)
   local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
+  local live
   local out, to_l1, routed, to_l2, refused = {}, 0, 0, 0, 0
   local max_queue, budget
 
@@ -60,11 +65,24 @@ local function route_messages(KEYS, ARGV)
         batch, held = (tonumber(s[4]) or 0) / rate, math.max(tonumber(s[5]) or 1, 1)
       end
       ahead = call('LLEN', KEYS[4])
-      for k = 7, 6 + tonumber(ARGV[8]) do ahead = ahead + call('LLEN', KEYS[k]) end
+      for k = 8, 7 + tonumber(ARGV[8]) do ahead = ahead + call('LLEN', KEYS[k]) end
     end
     if rate <= 1e-6 then return nil end
     -- Claims take batches of about `batch`: the next one comes after half of one, on average.
     return (ahead + batch / 2) * 1000 / rate + lag + extra * math.min(1, ahead / held)
+  end
+
+  -- Whether an executor of the model has a heartbeat that has not lapsed. Asked only
+  -- where no rate is known (an executor with one is live): a fleet just started, or none.
+  local function anyone_live()
+    if live == nil then
+      live = false
+      for _, id in ipairs(call('SMEMBERS', KEYS[7])) do
+        local expires = tonumber(call('HGET', ARGV[2] .. id, 'expires_ms'))
+        if expires and expires > now then live = true; break end
+      end
+    end
+    return live
   end
 
   for i = 9, #ARGV do
@@ -78,11 +96,14 @@ local function route_messages(KEYS, ARGV)
       if unknown then return unknown end
       if max_queue > 0 and not depth then
         depth = 0
-        for k = 7, #KEYS do depth = depth + call('LLEN', KEYS[k]) end
+        for k = 8, #KEYS do depth = depth + call('LLEN', KEYS[k]) end
       end
       local predicted = wait()
       if max_queue > 0 and depth >= max_queue then
         out[#out + 1] = -depth
+      elseif budget and not predicted and not anyone_live() then
+        out[#out + 1] = {-1, ahead, math.floor(budget)}
+        refused = refused + 1
       elseif predicted and predicted > budget then
         out[#out + 1] = {math.ceil(predicted), ahead, math.floor(budget)}
         refused = refused + 1

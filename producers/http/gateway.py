@@ -95,8 +95,9 @@ def http_error(e: Exception) -> HTTPError:
         return HTTPError(400, str(e))
     if isinstance(e, UnknownModel):
         return HTTPError(404, str(e))
-    if isinstance(e, Overloaded):
-        return HTTPError(503, str(e), retry_after_s=e.wait_s - e.deadline_s)
+    if isinstance(e, Overloaded):  # no live executor: an infinite wait, so look again soon
+        late_s = e.wait_s - e.deadline_s
+        return HTTPError(503, str(e), retry_after_s=late_s if math.isfinite(late_s) else 1)
     if isinstance(e, (QueueFull, BrokerUnavailable)):
         return HTTPError(503, str(e), retry_after_s=1)
     if isinstance(e, DeadlineExceeded):
