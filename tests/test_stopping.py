@@ -191,3 +191,19 @@ def test_a_ctrl_c_during_the_demo_leaves_nothing_behind(tmp_path):
         assert running(stack["pids"]) == []
     finally:
         terminal.kill()
+
+
+def test_a_second_ctrl_c_on_a_worker_hands_back_at_once_and_loses_nothing(processes, settings):
+    worker = processes.worker("w1", sim_base_ms=50)
+    log = processes.logs / "w1.log"
+    with Client(settings=settings) as client:
+        results = client.submit_many("sim:1", [[n] for n in range(2000)])
+        wait_until(results[0].ready, 10, "the burst to be under way")
+        worker.send_signal(signal.SIGINT)
+        wait_until(lambda: "Ctrl+C again" in log.read_text(), 10, "the warm shutdown")
+        worker.send_signal(signal.SIGINT)  # Celery's cold shutdown
+        worker.wait(30)
+        text = log.read_text()
+        assert "terminated; handed" in text and "Traceback" not in text, text[-3000:]
+        processes.worker("w2", idle=False)  # every task is answered, by the next worker
+        assert [r.get(timeout=60) for r in results] == [[n] for n in range(2000)]

@@ -122,6 +122,16 @@ class Executors(bootsteps.StartStopStep):
         if self.heartbeat:
             self.heartbeat.stop()
 
+    def terminate(self, worker: Any) -> None:
+        """Celery's cold shutdown (a second Ctrl-C, SIGQUIT): every executor hands back
+        what it holds at once, without waiting for the batch computing."""
+        if self.heartbeat:
+            self.heartbeat.stop()
+        for executor in self.executors:
+            executor.request_stop()
+        for executor in self.executors:
+            executor.terminate()
+
     def info(self, worker: Any) -> dict[str, Any]:
         """Feeds `celery inspect stats`, and so Flower's "Other statistics"."""
         rows = [executor.info() for executor in self.executors]

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from tandem.broker import message
-from tandem.broker.errors import ExecutorCrashed, ExecutorGone, ModelError
+from tandem.broker.errors import ExecutorCrashed, ExecutorGone, ModelError, one_line
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.signals import FullSignal
@@ -206,6 +206,23 @@ class Executor:
             return
         log.info("executor %s stopped; handed %d queued tasks back to L1", self.id, moved)
 
+    def terminate(self) -> None:
+        """A cold stop: take no new tasks and hand back everything held now, the batch
+        computing included, without waiting for it (its tasks run again elsewhere, with
+        no delivery counted: the stop was asked for)."""
+        self.request_stop()
+        try:
+            moved = self.table.reclaim(self.id, self.model_ref, force=True)
+        except redis.RedisError as e:
+            log.warning(
+                "executor %s terminated without Redis (%s); the coordinator will hand its "
+                "tasks back once its heartbeat lapses",
+                self.id,
+                e,
+            )
+            return
+        log.info("executor %s terminated; handed %d tasks back to L1", self.id, moved)
+
     def _register(self) -> None:
         s = self.settings
         self.table.register(
@@ -256,6 +273,9 @@ class Executor:
                 self._retry(self._resync)
             except Exception as e:  # noqa: BLE001 - a bug or a failed returner: restart in place
                 batch = Batch()
+                if self._stop.is_set():  # no restart: stop() or terminate() hands its tasks back
+                    log.warning("executor %s: %s while stopping", self.id, one_line(e))
+                    return
                 if not self._restart(e):
                     return
 
