@@ -91,6 +91,7 @@ def _plugged() -> dict:
 
 
 @click.group(cls=Main)
+@click.version_option(package_name="tandem-serve", prog_name="tandem")
 def main() -> None:
     """tandem: batched inference on Celery and Redis with two-level scheduling."""
 
@@ -402,14 +403,20 @@ def models(directory, device) -> None:
 @main.command("http")
 @redis_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
 @click.option(
     "--token",
     envvar="TANDEM_HTTP_TOKEN",
     help="Require 'Authorization: Bearer TOKEN' (health and /metrics stay open). "
     "Put a TLS proxy in front; the gateway speaks plain HTTP.",
 )
-@click.option("--max-body-mb", type=float, default=32, show_default=True)
+@click.option(
+    "--max-body-mb",
+    type=float,
+    default=32,
+    show_default=True,
+    help="Largest request body, in MiB; a larger one gets 413.",
+)
 @click.option(
     "--max-concurrency",
     type=int,
@@ -451,17 +458,31 @@ def http(redis_url, host, port, token, loglevel, **limits):
 
 def stack_options(f):
     f = click.option("--workers", type=int, default=2, help="Worker processes (default 2).")(f)
-    f = click.option("--model", "models", multiple=True, help="NAME:VERSION; repeatable.")(f)
-    f = click.option("--repository", help="Model repository folder.")(f)
-    f = click.option("--max-batch", type=int)(f)
-    f = click.option("--max-wait-ms", type=float)(f)
+    f = click.option(
+        "--model",
+        "models",
+        multiple=True,
+        help=f"NAME:VERSION to serve; repeatable (default {', '.join(DEFAULTS.models)}).",
+    )(f)
+    f = click.option("--repository", help="Model repository folder (default: the examples).")(f)
+    f = click.option(
+        "--max-batch", type=int, help=f"Largest batch (default {DEFAULTS.max_batch})."
+    )(f)
+    f = click.option(
+        "--max-wait-ms",
+        type=float,
+        help=f"Batch window from the first task (default {DEFAULTS.max_wait_ms:g}: at once).",
+    )(f)
     return redis_option(f)
 
 
 @main.command()
 @stack_options
 def up(workers, **flags) -> None:
-    """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers."""
+    """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers.
+
+    Ctrl-C stops it in order (the workers hand back what they hold, then the coordinator,
+    then Redis) within 30 s; Ctrl-C again stops everything at once."""
     from tandem.broker.extras import require
 
     require("worker", "tandem up")

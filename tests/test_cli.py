@@ -130,3 +130,27 @@ def test_a_failed_task_is_one_line_with_its_id(processes, settings, tmp_path):
     assert done.returncode == 1, done.stdout
     (line,) = done.stderr.strip().splitlines()
     assert re.match(r"error: task [0-9a-f-]{36} failed: \w+: ", line), line
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import click
+
+    from tandem.cli import main
+
+    ctx = click.Context(main)
+    bare = [
+        f"{name} {param.opts[0]}"
+        for name in main.list_commands(ctx)
+        for param in main.get_command(ctx, name).params
+        if isinstance(param, click.Option) and not param.help
+    ]
+    assert bare == []
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    done = tandem("--version")
+    assert (
+        done.returncode == 0 and done.stdout.strip() == f"tandem, version {version('tandem-serve')}"
+    )

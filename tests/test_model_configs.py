@@ -83,7 +83,9 @@ CASES = {
         ("model.pt2", fixed_batch_export),
         "model.pt2: warm-up forward pass of 1 failed: AssertionError: Guard failed: "
         "input.size()[0] == 4; the model was exported for a fixed batch size: export it "
-        "with a dynamic batch dimension",
+        "with a dynamic batch dimension on every argument, batch = torch.export.Dim('batch', "
+        "min=1, max=32); torch.export.export(model, args, dynamic_shapes=tuple({0: batch} for "
+        "_ in args)), from an example batch of 2",
     ),
 }
 
@@ -96,6 +98,20 @@ def bad_model(request, tmp_path) -> tuple[Path, str]:
     (folder / "config.json").write_text(json.dumps(config))
     write(folder / filename)
     return tmp_path / "repo", line
+
+
+def test_the_fixed_batch_hint_exports_a_model_that_loads(tmp_path):
+    """The hint's recipe, run as written, on a module whose forward argument is not named
+    as the config's input: the export loads and serves batches of 1 to max."""
+    args = (torch.zeros(2, 4),)
+    batch = torch.export.Dim("batch", min=1, max=32)
+    exported = torch.export.export(linear(), args, dynamic_shapes=tuple({0: batch} for _ in args))
+    folder = tmp_path / "repo" / "good" / "1"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**IO, "artifact": "model.pt2"}))
+    torch.export.save(exported, str(folder / "model.pt2"))
+    done = tandem("models", str(tmp_path / "repo"), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_models_fails_naming_the_file_and_the_problem_in_one_line(bad_model, tmp_path):

@@ -73,7 +73,7 @@ def demo(workers, rates, seconds, **flags) -> None:
     help="overload: tasks to shed at claim for the cost per shed task (default 20000, "
     "quick 5000; 0 skips it).",
 )
-@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
 def bench(
@@ -343,7 +343,7 @@ def _fleet_bench(profile, quick, systems, workers, json_path, plot_path) -> None
 
 
 @click.command()
-@click.option("--minutes", type=float, default=5.0, show_default=True)
+@click.option("--minutes", type=float, default=5.0, show_default=True, help="How long to run.")
 @click.option(
     "--kill-every-s",
     type=float,

@@ -146,10 +146,13 @@ def check_outputs(config: ModelConfig, outputs: Any, size: int) -> str | None:
 
 def _batch_hint(config: ModelConfig, e: Exception) -> str:
     if config.artifact.kind == "export" and ("Guard failed" in str(e) or "size()[0]" in str(e)):
+        # Positional dynamic shapes: they hold whatever the forward's arguments are named
+        # (torch matches a dict by those names, not by the config's input names).
         return (
             "; the model was exported for a fixed batch size: export it with a dynamic "
-            "batch dimension, torch.export.export(model, args, "
-            f"dynamic_shapes={{{config.inputs[0].name!r}: {{0: torch.export.Dim('batch')}}}})"
+            f"batch dimension on every argument, batch = torch.export.Dim('batch', min=1, "
+            f"max={config.max_batch_size}); torch.export.export(model, args, "
+            "dynamic_shapes=tuple({0: batch} for _ in args)), from an example batch of 2"
         )
     return ""
 
