@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tandem.broker.settings import load_settings
+from tandem.broker.settings import Settings, load_settings
 
 #: Where `tandem up` writes its Redis URL and pid, relative to the folder it runs in.
 STACK_FILE = Path(".tandem") / "stack.json"
@@ -32,3 +32,24 @@ def redis_url(env: Mapping[str, str] | None = None) -> str:
     TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the current folder,
     else redis://localhost:6379/0."""
     return load_settings(env, fallback_url=stack_url).redis_url
+
+
+def joined_settings(env: Mapping[str, str] | None = None, **flags) -> tuple[Settings, str]:
+    """Settings for a process that joins a stack (its Redis from the redis_url flag, then
+    TANDEM_REDIS_URL, then the `tandem up` running in the current folder, then localhost),
+    and a note for when that Redis cannot be reached: how the default URL came to be
+    chosen, or "" if something named the Redis."""
+    looked: list[str | None] = []
+
+    def from_stack() -> str | None:
+        looked.append(stack_url(STACK_FILE))
+        return looked[-1]
+
+    settings = load_settings(env, fallback_url=from_stack, **flags)
+    if looked != [None]:  # named by a flag or the environment, or a running stack's
+        return settings, ""
+    stale = " (its .tandem/stack.json is from one that stopped)" if STACK_FILE.exists() else ""
+    return settings, (
+        f"no `tandem up` runs in this folder{stale}, and neither --redis nor "
+        f"TANDEM_REDIS_URL names a Redis, so this tried {settings.redis_url}"
+    )

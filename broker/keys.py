@@ -46,6 +46,9 @@ DELIVERIES_PREFIX = "tandem:deliveries:"
 #: ZSET of every executor id, scored by its heartbeat deadline (epoch ms): the
 #: coordinator reads only the lapsed ones.
 DEADLINES = "tandem:deadlines"
+#: STRING: the coordinator's lease, "host:pid:token" of the one coordinator that works
+#: on this Redis, expiring unless renewed; another coordinator stands by until it is free.
+COORDINATOR = "tandem:coordinator"
 #: STRING holding the last STATE_STREAM id the coordinator relayed.
 RELAYED = "tandem:coordinator:relayed"
 #: STRING an executor writes while it waits for replicas (min_replicas): WAIT after it

@@ -600,6 +600,12 @@ class Table(Reads, Revocations):
             args += [meta, s.result_expires_s]
         return bool(self.scripts.bury(keys=script_keys, args=args))
 
+    def lease(self, holder: str, ttl_ms: int) -> str:
+        """Take, or keep for ttl_ms more, the coordinator's lease (ttl_ms 0 gives it up);
+        returns who holds it now ("" for no one)."""
+        reply = self.scripts.lease(keys=[keys.COORDINATOR], args=[holder, ttl_ms])
+        return reply.decode() if isinstance(reply, bytes) else ""
+
     def _call(self, name: str, script_keys: list[str], args: list, *, holds=None):
         """Run an executor's script; holds: it takes custody (see _held)."""
         try:

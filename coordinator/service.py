@@ -6,12 +6,19 @@ It is never on a routed task's path. If it is down, tasks still flow; dead execu
 are reclaimed late, changes wait in the capped stream, and idle executors find L1
 tasks themselves every poll_ms. Each tick costs Redis O(models) calls, and a sweep
 O(lapsed executors), whatever the size of the fleet.
+
+One coordinator works per Redis: it holds a lease (keys.COORDINATOR) and renews it at
+every sweep. Another one started on the same Redis says so and stands by, taking over
+once the lease is free: at once when the first stops, within its time when it dies.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 
@@ -47,6 +54,11 @@ class Coordinator:
         self.failures = 0  # rounds that raised something other than a Redis error
         self._models: list[str] = []
         self._stop = threading.Event()
+        #: This coordinator in the lease, and whether it holds the lease now (None: not
+        #: asked yet).
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.leading: bool | None = None
+        self._next_lease = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -65,6 +77,10 @@ class Coordinator:
         seen: set[str] = set()
         while not self._stop.is_set():
             try:
+                retry(self._lead, what="coordinator", stop=self._stop, backoff=Backoff(cap_s=5.0))
+                if not self.leading:
+                    self._stop.wait(self.settings.coordinator_interval_s)  # standing by
+                    continue
                 retry(self._round, what="coordinator", stop=self._stop, backoff=Backoff(cap_s=5.0))
             except Exception as e:  # noqa: BLE001 - a bug or a value no reader expected
                 self.failures += 1
@@ -80,6 +96,33 @@ class Coordinator:
             failed.reset()
             self._stop.wait(self.settings.feed_ms / 1000)  # the feed's period
 
+    @property
+    def lease_ms(self) -> int:
+        """How long the lease lasts unless renewed: a heartbeat's time to death, and at
+        least three sweeps."""
+        s = self.settings
+        return int(max(s.heartbeat_ttl_s, 3 * s.coordinator_interval_s) * 1000)
+
+    def _lead(self) -> None:
+        """Take or renew the lease, once a sweep; say so when this one starts or stops
+        working."""
+        now = time.monotonic()
+        if now < self._next_lease:
+            return
+        holder = self.table.lease(self.holder, self.lease_ms)
+        self._next_lease = now + self.settings.coordinator_interval_s
+        leading = holder == self.holder
+        if leading and self.leading is not True:
+            log.info("coordinator %s holds the lease: it works on this Redis", self.holder)
+        elif not leading and self.leading is not False:
+            log.warning(
+                "another coordinator, %s, works on this Redis (one per Redis): this one "
+                "stands by and takes over when its lease of %d ms is free",
+                holder,
+                self.lease_ms,
+            )
+        self.leading = leading
+
     def _round(self) -> None:
         now = time.monotonic()
         if now >= self._next_sweep:
@@ -93,6 +136,15 @@ class Coordinator:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def release(self) -> None:
+        """Give the lease up, so a coordinator standing by takes over at once."""
+        if self.leading:
+            try:
+                self.table.lease(self.holder, 0)
+            except redis.RedisError as e:
+                log.warning("could not give up the lease (%s); it lapses by itself", e)
+            self.leading = False
 
     def feed(self) -> int:
         """Hand each model's L1 tasks to its ready executors; one call per model."""
@@ -210,4 +262,5 @@ def serve(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: coordinator.stop())
     coordinator.run()
+    coordinator.release()
     log.info("coordinator stopped: %r", coordinator)

@@ -17,11 +17,11 @@ from vine import promise
 from tandem.broker import keys, message
 from tandem.broker.app import make_app
 from tandem.broker.connect import connect
-from tandem.broker.discovery import stack_url
+from tandem.broker.discovery import joined_settings
 from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
 from tandem.broker.results import loads as load_result
 from tandem.broker.retry import unavailable_as_tandem
-from tandem.broker.settings import Settings, load_settings
+from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.listener import ResultListener
 
@@ -156,7 +156,13 @@ class Client:
     def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
         """redis_url: else TANDEM_REDIS_URL, else the Redis of a `tandem up` running in the
         current folder (its .tandem/stack.json), else redis://localhost:6379/0."""
-        self.settings = settings or load_settings(redis_url=redis_url, fallback_url=stack_url)
+        note = ""
+        if settings is None:
+            settings, note = joined_settings(redis_url=redis_url)
+        self.settings = settings
+        #: How the Redis tried was chosen, when it was the default: said with every
+        #: BrokerUnavailable that submit raises.
+        self.url_note = note
         self.redis = connect(
             self.settings.redis_url, self.settings.sentinel_master, health_check_interval=10
         )
@@ -209,8 +215,9 @@ class Client:
             executor = self.table.route(
                 model, envelope, priority=priority, deadline=expires and expires.timestamp()
             )
-        except Exception:
+        except Exception as e:
             self.listener.release(task_id)  # never enqueued: no result will come
+            self._explain(e)
             raise
         result = self._result(task_id, executor, own=not task_id_given)
         if self.settings.send_sent_event:
@@ -244,6 +251,7 @@ class Client:
             )
         except (BrokerUnavailable, UnknownModel) as e:
             e.accepted = self._accepted(model, encoded, e.routed, expires)[0]
+            self._explain(e)
             raise
         except Exception:
             self._accepted(model, encoded, [], expires)  # releases them all
@@ -272,6 +280,11 @@ class Client:
                 results.append(self._result(task_id, replies[n]))
         self._sent(model, results, expires)
         return results, errors
+
+    def _explain(self, error: Exception) -> None:
+        """Add to a BrokerUnavailable how its Redis was chosen, when it was the default."""
+        if isinstance(error, BrokerUnavailable) and self.url_note not in str(error):
+            error.args = (f"{error}; {self.url_note}", *error.args[1:])
 
     def revoke(self, task_id: str) -> None:
         """Revoke a task, as Celery's revoke does, and record it in Redis for every executor,
@@ -346,8 +359,12 @@ class Client:
         cached = self._latest.get(name)
         if cached is not None and now - cached[1] < LATEST_TTL_S:
             return cached[0]
-        with unavailable_as_tandem():
-            latest = self.table.latest(name)
+        try:
+            with unavailable_as_tandem():
+                latest = self.table.latest(name)
+        except BrokerUnavailable as e:
+            self._explain(e)
+            raise
         if latest is None:
             raise UnknownModel(f"no worker has served any version of {name!r}")
         self._latest[name] = (latest, now)
@@ -389,7 +406,9 @@ class Client:
                 task_ids if own else [t for t in task_ids if self.listener.hears(t)]
             )
         except redis.RedisError as e:
-            raise BrokerUnavailable(f"cannot subscribe to results: {e}") from e
+            error = BrokerUnavailable(f"cannot subscribe to results: {e}")
+            self._explain(error)
+            raise error from e
 
     def _result(self, task_id: str, executor: str | None, own: bool = False) -> TandemResult:
         """own: the listener made the id (else it asks), as for _expect."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from tandem.broker.discovery import STACK_FILE, stack_url
+from tandem.broker.discovery import STACK_FILE, joined_settings
 from tandem.broker.errors import TandemError
 from tandem.broker.settings import Settings, load_settings, names_redis
 
@@ -28,20 +28,8 @@ _DEFAULT_URL_NOTE: list[str] = []
 def _settings(**flags):
     """Settings for a command that joins a stack: --redis, TANDEM_REDIS_URL, else the
     Redis of a `tandem up` running in this folder (its .tandem/stack.json), else localhost."""
-    found: list[str] = []
-
-    def from_stack() -> str | None:
-        url = stack_url(STACK_FILE)
-        found.append(url or "")
-        return url
-
-    settings = load_settings(fallback_url=from_stack, **flags)
-    if found == [""]:  # it looked for a stack and found none running
-        stale = " (its .tandem/stack.json is from one that stopped)" if STACK_FILE.exists() else ""
-        _DEFAULT_URL_NOTE[:] = [
-            f"no `tandem up` runs in this folder{stale}, and neither --redis nor "
-            f"TANDEM_REDIS_URL names a Redis, so this tried {settings.redis_url}"
-        ]
+    settings, note = joined_settings(**flags)
+    _DEFAULT_URL_NOTE[:] = [note] if note else []
     return settings
 
 

@@ -177,3 +177,46 @@ def test_run_stops_cleanly(settings, r):
     coordinator.stop()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_second_coordinator_says_so_and_stands_by_until_the_first_is_gone(processes, r):
+    """One coordinator works per Redis. Another stands by, with a warning, and takes over
+    at once when the first stops, and within the lease's time when it is killed."""
+    log = processes.logs / "coordinator.log"
+    first = processes.coordinator()
+    wait_until(lambda: "holds the lease" in log.read_text(), 20, "the first to lead")
+    second = processes.coordinator()  # the same log file: each line names its pid
+    wait_until(lambda: "stands by" in log.read_text(), 20, "the second to stand by")
+    holder = r.get(keys.COORDINATOR).decode()
+    assert holder.split(":")[1] == str(first.pid)
+    first.terminate()  # it gives the lease up as it stops
+    first.wait(20)
+    wait_until(lambda: holds(r, second), 10, "a takeover")
+    third = processes.coordinator()
+    wait_until(lambda: log.read_text().count("stands by") >= 2, 20, "the third to stand by")
+    second.kill()  # no goodbye: its lease lapses
+    wait_until(lambda: holds(r, third), 20, "a takeover")
+    # The one working now does the work: a dead executor is reclaimed.
+    table = Table(r)
+    table.register("dead", MODEL, worker="w", max_batch=4, ttl_ms=100, max_wait_ms=0, pid=1)
+    wait_until(lambda: table.executor_ids(MODEL) == [], 10, "the dead executor reclaimed")
+
+
+def holds(r, process) -> bool:
+    """True if the coordinator process holds the lease ("host:pid:token")."""
+    holder = (r.get(keys.COORDINATOR) or b"::").decode()
+    return holder.split(":")[1] == str(process.pid)
+
+
+def test_the_lease_is_taken_kept_and_given_up_only_by_its_holder(r):
+    table = Table(r)
+    assert table.lease("a", 10_000) == "a"
+    assert table.lease("b", 10_000) == "a"  # held: b stands by
+    assert table.lease("b", 0) == "a"  # b cannot give up a's lease
+    assert table.lease("a", 10_000) == "a" and r.pttl(keys.COORDINATOR) > 9_000
+    assert table.lease("a", 0) == ""
+    assert table.lease("b", 10_000) == "b"
+    r.delete(keys.COORDINATOR)
+    r.rpush(keys.COORDINATOR, "junk")  # another type: set aside, and taken
+    assert table.lease("c", 10_000) == "c"
+    assert r.type(keys.COORDINATOR + ":wrongtype") == b"list"

@@ -158,3 +158,24 @@ def test_workers_without_a_hostname_get_distinct_node_names(settings, r, tmp_pat
     finally:
         for worker in workers:
             stop_process(worker)
+
+
+@pytest.mark.skipif(not port_is_free(6379), reason="a Redis listens on localhost:6379 here")
+def test_the_python_client_says_why_it_tried_localhost(tmp_path, monkeypatch):
+    """As the commands do: outside an `up` folder, with no URL named, the error says so."""
+    from tandem.broker.errors import BrokerUnavailable
+    from tandem.producers.client import Client
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TANDEM_REDIS_URL", raising=False)
+    with Client() as client:
+        for submit in (
+            lambda: client.submit("sim:1", [1]),
+            lambda: client.submit_many("sim:1", [[1]]),
+        ):
+            with pytest.raises(BrokerUnavailable, match="no `tandem up` runs in this folder"):
+                submit()
+    with Client("redis://127.0.0.1:6379/0") as named:  # named: nothing to explain
+        with pytest.raises(BrokerUnavailable) as refused:
+            named.submit("sim:1", [1])
+        assert "tandem up" not in str(refused.value)

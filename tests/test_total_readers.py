@@ -77,6 +77,7 @@ def every_key(executor_id: str) -> set[str]:
     return {
         keys.MODELS, keys.MAX_QUEUE, keys.SLO, keys.SPECS, keys.STATS, keys.STATE_STREAM,
         keys.DEAD, keys.REVOKED, keys.POISON, keys.DEADLINES, keys.RELAYED, keys.FENCE,
+        keys.COORDINATOR,
         keys.deliveries(b"a message"), keys.result("some-task"),
         *keys.l1_keys(model), keys.retry(model), keys.executors(model), keys.ready(model),
         keys.speed(model), keys.metrics(model), keys.executor(executor_id),

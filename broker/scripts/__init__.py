@@ -22,6 +22,7 @@ NAMES = (
     "bury",
     "register",
     "heartbeat",
+    "lease",
 )
 
 

@@ -38,7 +38,7 @@ local NEEDS = {
   HINCRBYFLOAT = 'hash', ZADD = 'zset', ZREM = 'zset', ZRANGE = 'zset', ZCARD = 'zset',
   LPUSH = 'list', RPUSH = 'list', RPOP = 'list', LLEN = 'list', LRANGE = 'list',
   LREM = 'list', LTRIM = 'list', LPOS = 'list', RPOPLPUSH = 'list',
-  SADD = 'set', SREM = 'set', SISMEMBER = 'set', XADD = 'stream',
+  SADD = 'set', SREM = 'set', SISMEMBER = 'set', SMEMBERS = 'set', XADD = 'stream',
 }
 
 -- redis.call(command, key, ...) on a key of tandem's: one holding another type is set
