@@ -19,8 +19,17 @@ EXTRAS = {
 INCLUDES = {"bench": ("worker",), "embed": ("worker",)}
 
 
+#: The torch every install line that brings torch names, so that pip does not pick the
+#: newest release and its CUDA wheels by itself (pyproject.toml accepts >=2.2,<3).
+TORCH_PIN = "torch==2.13.0"
+
+
 def install_hint(extra: str) -> str:
-    return f"pip install 'tandem-serve[{extra}]' (from a checkout: pip install -e '.[{extra}]')"
+    torch = f"{TORCH_PIN} " if "worker" in (extra, *INCLUDES.get(extra, ())) else ""
+    return (
+        f"pip install {torch}'tandem-serve[{extra}]' "
+        f"(from a checkout: pip install {torch}-e '.[{extra}]')"
+    )
 
 
 def extra_of(module: str) -> str | None:

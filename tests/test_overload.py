@@ -46,7 +46,7 @@ def start_executor(settings, r, model) -> tuple[Executor, Heartbeat]:
 
 
 def test_expired_tasks_never_compute_nor_take_a_batch_slot(settings, r, backlog):
-    expired = [backlog.submit(MODEL, f"late{n}", deadline_s=0) for n in range(4)]
+    expired = [backlog.submit(MODEL, f"late{n}", deadline_s=1e-6) for n in range(4)]
     fresh = [backlog.submit(MODEL, f"ok{n}") for n in range(4)]
     model = Recorder()
     executor, heartbeat = start_executor(settings, r, model)
