@@ -181,6 +181,14 @@ def speed(model: str) -> str:
     return f"tandem:speed:{model}"
 
 
+def scale(model: str) -> str:
+    """HASH of the model's scaling signal, written by the coordinator each second
+    (coordinator/scaling.py): offered_rps, capacity_rps (one executor's, at the SLO; kept
+    once no executor runs), needed, wanted, running, at_ms."""
+    parse_model(model)
+    return f"tandem:scale:{model}"
+
+
 def metrics(model: str) -> str:
     """HASH of the model's metric counters (see broker/metrics.py)."""
     return f"tandem:metrics:{model}"

@@ -44,6 +44,13 @@ class Settings:
     heartbeat_ttl_s: float = 5.0
     #: How often the coordinator looks for dead executors.
     coordinator_interval_s: float = 0.5
+    #: The fleet's size (coordinator/scaling.py): executors wanted per model is the
+    #: offered rate x (1 + headroom) over one executor's capacity at the SLO, within
+    #: min and max; it rises at once and falls only once it stayed lower this long.
+    scale_headroom: float = 0.15
+    scale_down_window_s: float = 120.0
+    scale_min_executors: int = 0
+    scale_max_executors: int = 64
     #: The coordinator's Prometheus /metrics port; 0 serves none.
     metrics_port: int = 0
     #: How long results stay in Redis.
@@ -138,6 +145,10 @@ class Settings:
             "min_replicas": 0,
             "replica_timeout_ms": 1,
             "lifeline_fd": -1,
+            "scale_headroom": 0,
+            "scale_down_window_s": 0,
+            "scale_min_executors": 0,
+            "scale_max_executors": 1,
         }
         out = []
         for name, low in at_least.items():
@@ -150,6 +161,11 @@ class Settings:
             out.append(
                 f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed heartbeat_s "
                 f"({self.heartbeat_s}), or every executor would expire between beats"
+            )
+        if not out and self.scale_min_executors > self.scale_max_executors:
+            out.append(
+                f"scale_min_executors ({self.scale_min_executors}) must not exceed "
+                f"scale_max_executors ({self.scale_max_executors})"
             )
         if not self.models:
             out.append("models must name at least one NAME:VERSION")

@@ -80,6 +80,33 @@ class Collector:
                 ("compute_margin_ms", "How much slower than the fit a compute may be (tail)."),
             )
         }
+        scale = {
+            name: GaugeMetricFamily(f"tandem_{name}", text, labels=["model"])
+            for name, text in (
+                (
+                    "executors_wanted",
+                    "Executors the model wants: the offered rate with headroom over one "
+                    "executor's capacity at the SLO; rises at once, falls after a window.",
+                ),
+                ("executors_needed", "Executors the demand needs now, before window and bounds."),
+                ("executors_max", "The most executors the signal asks for."),
+                (
+                    "offered_rate",
+                    "Tasks/s offered: completed, refused at submit and the growth of what waits.",
+                ),
+                (
+                    "capacity_per_executor",
+                    "Tasks/s one executor computes at the largest batch that meets the SLO.",
+                ),
+            )
+        }
+        fields_of_scale = {
+            "executors_wanted": "wanted",
+            "executors_needed": "needed",
+            "executors_max": "max",
+            "offered_rate": "offered_rps",
+            "capacity_per_executor": "capacity_rps",
+        }
         retry = GaugeMetricFamily(
             "tandem_retry_depth",
             "Redelivered tasks waiting to be computed alone.",
@@ -104,6 +131,10 @@ class Collector:
                 speed["capacity"].add_metric([model], known.rate)
                 ahead = self.table.ahead(model, priority=0)
                 speed["predicted_wait_ms"].add_metric([model], known.wait_ms(ahead))
+            published = self.table.scale(model)
+            for name, field in fields_of_scale.items():
+                if field in published:
+                    scale[name].add_metric([model], published[field])
             fields = self.table.counters(model)
             for route in ("L1", "L2"):
                 routes.add_metric([model, route], fields.get(f"route:{route}", 0.0))
@@ -123,7 +154,7 @@ class Collector:
                     buckets.append((str(bound), running))
                 histograms[name].add_metric([model], buckets, fields.get(f"{name}:sum", 0.0))
         yield from (l1, l2, retry, states, routes, outcomes, failures, shed, goodput, late)
-        yield from (*speed.values(), *fit.values(), *histograms.values())
+        yield from (*speed.values(), *fit.values(), *scale.values(), *histograms.values())
         yield from self._fleet(GaugeMetricFamily, CounterMetricFamily)
 
     def _fleet(self, gauge, counter) -> Iterator:

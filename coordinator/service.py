@@ -31,6 +31,7 @@ from tandem.broker.faults import Faults
 from tandem.broker.retry import Backoff, retry
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
+from tandem.coordinator.scaling import Reading, Signal
 
 log = logging.getLogger("tandem.coordinator")
 
@@ -38,6 +39,8 @@ log = logging.getLogger("tandem.coordinator")
 #: How often the coordinator also reads the whole executor table, for executors that
 #: no deadline records (registered by an older tandem) and ids left without a hash.
 FULL_SWEEP_S = 60.0
+#: How often it measures each model's demand and publishes its scaling signal.
+SCALE_S = 1.0
 
 
 class Coordinator:
@@ -58,7 +61,8 @@ class Coordinator:
         #: asked yet).
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.leading: bool | None = None
-        self._next_lease = 0.0
+        self._next_lease = self._next_scale = 0.0
+        self.signals: dict[str, Signal] = {}  # per model
 
     def __repr__(self) -> str:
         return (
@@ -133,6 +137,9 @@ class Coordinator:
                 self._next_full = now + FULL_SWEEP_S
         self.feed()
         self.relay()
+        if now >= self._next_scale:
+            self.scale()
+            self._next_scale = now + SCALE_S
 
     def stop(self) -> None:
         self._stop.set()
@@ -180,6 +187,49 @@ class Coordinator:
             self._reap_stray_ids()
         self.bury()
         return done
+
+    def scale(self) -> dict[str, Reading]:
+        """Measure each model's demand and capacity and publish how many executors it
+        wants (coordinator/scaling.py). Reads every executor of each model."""
+        t_s, now_ms = time.monotonic(), self.table.now_ms()
+        readings = {}
+        for model in self._models or self.table.models():
+            live = [e for e in self.table.executors(model) if e.expires_ms > now_ms]
+            counters = self.table.counters(model)
+            waiting = (
+                self.table.l1_depth(model)
+                + self.table.retry_depth(model)
+                + sum(e.l2_depth + e.inflight_depth for e in live)
+            )
+            arrived = waiting + sum(
+                counters.get(field, 0.0)
+                for field in ("outcome:SUCCESS", "outcome:FAILURE", "shed:submit", "refused:full")
+            )
+            signal = self.signals.get(model)
+            if signal is None:  # the last known capacity, from before this coordinator
+                known = self.table.scale(model).get("capacity_rps", 0.0)
+                signal = self.signals[model] = Signal(self.settings, known)
+            reading = signal.update(
+                t_s,
+                arrived=arrived,
+                waiting=waiting,
+                executors=live,
+                slo_ms=self.table.slo_ms(model),
+            )
+            self.table.publish_scale(
+                model,
+                {
+                    "offered_rps": round(reading.offered_rps, 3),
+                    "capacity_rps": round(reading.capacity_rps, 3),
+                    "needed": reading.needed,
+                    "wanted": reading.wanted,
+                    "running": reading.running,
+                    "max": self.settings.scale_max_executors,
+                    "at_ms": now_ms,
+                },
+            )
+            readings[model] = reading
+        return readings
 
     def bury(self, limit: int = 100) -> int:
         """Quarantine each message that reached max_deliveries: a PoisonMessage FAILURE

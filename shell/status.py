@@ -43,6 +43,8 @@ def snapshot(client: redis.Redis) -> dict:
                 "retry": table.retry_depth(m),
                 # 0: nothing computes its tasks; those with a deadline are refused.
                 "live_executors": live[m],
+                # The coordinator's scaling signal (coordinator/scaling.py); None before.
+                **scaling(table.scale(m)),
                 # Measured by the executors; None before their first batch.
                 "capacity_rps": round(speeds[m].rate, 1) if speeds[m] else None,
                 "predicted_wait_ms": (
@@ -56,11 +58,26 @@ def snapshot(client: redis.Redis) -> dict:
     }
 
 
-#: What the queue table's less obvious columns mean, printed under it.
+def scaling(published: dict[str, float]) -> dict:
+    """The scaling signal's figures as status shows them; None where not published."""
+    offered, capacity = published.get("offered_rps"), published.get("capacity_rps")
+    wanted = published.get("wanted")
+    return {
+        "offered_rps": None if offered is None else round(offered, 1),
+        "capacity_per_executor_rps": round(capacity, 1) if capacity else None,
+        "executors_wanted": None if wanted is None else int(wanted),
+    }
+
+
+#: What the less obvious columns mean, printed under their tables.
 QUEUE_NOTES = (
     "live: executors with a heartbeat; none: tasks with a deadline are refused, the rest wait. "
-    "capacity/s: what the live executors compute at full batches, as measured. "
     "wait ms: the predicted wait in L1 of a task submitted now."
+)
+FLEET_NOTES = (
+    "offered/s: tasks offered, refused ones too. each/s: what one executor computes at the "
+    "largest batch that meets the SLO; all/s: the live executors at full batches. wanted: "
+    "executors the demand wants (the coordinator's signal; see README, Scaling)."
 )
 
 
@@ -82,20 +99,36 @@ def tables(data: dict) -> Group:
             str(e["inflight"]),
         )
     queues = RichTable(title="first-level queues", caption=QUEUE_NOTES, caption_justify="left")
-    queues.add_column("model", overflow="fold")
-    queues.add_column("queue", overflow="fold", ratio=1)
-    for column in ("L1", "retry", "live", "capacity/s", "wait ms"):
+    fleet = RichTable(title="fleet size", caption=FLEET_NOTES, caption_justify="left")
+    for table in (queues, fleet):
+        table.add_column("model", overflow="fold")
+    queues.add_column("queue", no_wrap=True)
+    for column in ("L1", "retry", "live", "wait ms"):
         queues.add_column(column, no_wrap=True)
+    for column in ("live", "wanted", "offered/s", "each/s", "all/s"):
+        fleet.add_column(column, no_wrap=True)
     for q in data["queues"]:
-        known = [q["capacity_rps"], q["predicted_wait_ms"]]
-        live = q["live_executors"]
+        live = str(q["live_executors"]) if q["live_executors"] else "[bold red]none[/]"
         queues.add_row(
             escape(q["model"]),
             escape(q["queue"]),
             str(q["l1"]),
             str(q["retry"]),
-            str(live) if live else "[bold red]none[/]",
-            *("-" if v is None else str(v) for v in known),
+            live,
+            _shown(q["predicted_wait_ms"]),
+        )
+        fleet.add_row(
+            escape(q["model"]),
+            live,
+            *map(
+                _shown,
+                (
+                    q["executors_wanted"],
+                    q["offered_rps"],
+                    q["capacity_per_executor_rps"],
+                    q["capacity_rps"],
+                ),
+            ),
         )
     dead = f"dead letters: {data['dead_letters']} (see `tandem dead`)"
     if data["poison"]:
@@ -106,7 +139,11 @@ def tables(data: dict) -> Group:
             f"\nno live executor serves {', '.join(idle)}: start a worker, or empty a queue "
             "with `tandem purge MODEL`"
         )
-    return Group(executors, queues, escape(dead))
+    return Group(executors, queues, fleet, escape(dead))
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def render(client: redis.Redis, console: Console | None = None) -> dict:

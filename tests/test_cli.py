@@ -91,7 +91,8 @@ def test_status_prints_names_with_brackets_as_they_are():
         ],
         "queues": [
             {"model": "sim:1", "queue": "tandem.l1.sim.1", "l1": 0, "retry": 0,
-             "live_executors": 1, "capacity_rps": None, "predicted_wait_ms": None}
+             "live_executors": 1, "capacity_rps": None, "predicted_wait_ms": None,
+             "offered_rps": None, "capacity_per_executor_rps": None, "executors_wanted": None}
         ],
         "poison": 0,
         "dead_letters": 0,

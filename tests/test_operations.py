@@ -216,6 +216,9 @@ def test_status_json_and_watch(processes, settings, tmp_path):
             "l1": 0,
             "retry": 0,
             "live_executors": 1,
+            "offered_rps": None,
+            "capacity_per_executor_rps": None,
+            "executors_wanted": None,
             "capacity_rps": None,
             "predicted_wait_ms": None,
         }

@@ -35,7 +35,7 @@ local function route_messages(KEYS, ARGV)
   local ready = Ready(KEYS[1], ARGV[2], ARGV[3], ARGV[6], now)
   local depth, ahead, rate, lag, extra, batch, held = nil, nil, nil, 0, 0, 0, 1
   local live
-  local out, to_l1, routed, to_l2, refused = {}, 0, 0, 0, 0
+  local out, to_l1, routed, to_l2, refused, full = {}, 0, 0, 0, 0, 0
   local max_queue, budget
 
   -- What only a task bound for L1 needs: the model known (an executor in the ready set
@@ -101,6 +101,7 @@ local function route_messages(KEYS, ARGV)
       local predicted = wait()
       if max_queue > 0 and depth >= max_queue then
         out[#out + 1] = -depth
+        full = full + 1
       elseif budget and not predicted and not anyone_live() then
         out[#out + 1] = {-1, ahead, math.floor(budget)}
         refused = refused + 1
@@ -119,5 +120,6 @@ local function route_messages(KEYS, ARGV)
   if to_l2 > 0 then tally(ARGV[5], 'route:L2', to_l2) end
   if to_l1 > 0 then tally(ARGV[5], 'route:L1', to_l1) end
   if refused > 0 then tally(ARGV[5], 'shed:submit', refused) end
+  if full > 0 then tally(ARGV[5], 'refused:full', full) end
   return out
 end

@@ -1,0 +1,128 @@
+"""The fleet's size: how many executors each model wants, from what tandem knows.
+
+Under overload tandem refuses at submit what it could not serve in time, so L1 holds
+about one SLO's worth of work whatever the demand: its length says how strict the SLO
+is, not how many executors are needed. The signal here is demand over capacity:
+
+- offered: every task offered per second, answered or not: completed (success or
+  failure, the shed included), refused at submit (Overloaded, QueueFull), and the growth
+  of what waits (L1, the retry list, the executors' L2 and in-flight), so tasks that
+  plain Celery clients publish count too. It is the larger of its rate over
+  SHORT_WINDOW_S and over LONG_WINDOW_S: it rises within seconds and falls slowly.
+- capacity: what one executor computes per second at the largest batch that still
+  meets the model's SLO (a task that arrives just after a claim waits one cycle, then
+  its batch's claim-to-result lag), from the latency model it publishes. Without an SLO,
+  at its largest batch. The median over the live executors, remembered once they are
+  gone, so a model scales from zero by its last known speed.
+- wanted: ceil(offered x (1 + headroom) / capacity), at least 1 while anything waits or
+  is offered; the highest of the last scale_down_window_s, so it rises at once and falls
+  only once the demand stayed lower for the whole window; within min and max.
+
+An executor loading or warming its model has not registered yet: it adds no capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from tandem.broker.settings import Settings
+from tandem.broker.state import ExecutorInfo
+
+#: The windows the offered rate is measured over: the shorter lets it rise fast.
+SHORT_WINDOW_S = 2.0
+LONG_WINDOW_S = 10.0
+
+
+def capacity_at_slo(executor: ExecutorInfo, slo_ms: float | None) -> float | None:
+    """Tasks/s one executor computes at the largest batch whose wait and compute still
+    meet slo_ms: one cycle (compute + the gap between computes) waiting for the claim,
+    then the batch's lag from claim to stored result (with the pipeline, the compute in
+    hand too). None before it has published a rate."""
+    if executor.rate <= 0 or executor.max_batch < 1:
+        return None
+    full = executor.max_batch
+    cycle_full = full * 1000 / executor.rate
+    gap = max(0.0, cycle_full - (executor.base_ms + executor.per_item_ms * full))
+
+    def cycle(b: int) -> float:
+        return max(executor.base_ms + executor.per_item_ms * b + gap, 1e-3)
+
+    def latency(b: int) -> float:
+        shorter = executor.per_item_ms * (full - b)
+        extra = executor.extra_ms - shorter if executor.extra_ms > 0 else 0.0
+        return cycle(b) + executor.lag_ms - shorter + max(0.0, extra)
+
+    best = full
+    if slo_ms:
+        best = next((b for b in range(full, 0, -1) if latency(b) <= slo_ms), 1)
+    capacity = best * 1000 / cycle(best)
+    return capacity if 0 < capacity < math.inf else None  # a rate too small to hold
+
+
+class Rate:
+    """The rate of a counter that only grows, over a sliding window of samples."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def add(self, t_s: float, total: float) -> float | None:
+        """Add a sample; the rate over the window, or None before a span to measure."""
+        self.samples.append((t_s, total))
+        while len(self.samples) > 2 and t_s - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        (t0, a0), (t1, a1) = self.samples[0], self.samples[-1]
+        return max(0.0, (a1 - a0) / (t1 - t0)) if t1 > t0 else None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One model's figures at one moment, as published (keys.scale)."""
+
+    offered_rps: float
+    capacity_rps: float  # per executor, at the SLO; 0 while unknown
+    needed: int  # what the demand needs now, before the window and the bounds
+    wanted: int
+    running: int  # live executors
+
+
+class Signal:
+    """One model's scaling signal, fed a sample of its counters at every tick."""
+
+    def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
+        self.settings = settings
+        self.short, self.long = Rate(SHORT_WINDOW_S), Rate(LONG_WINDOW_S)
+        self.capacity_rps = capacity_rps  # the last known, kept while no executor runs
+        self.needs: deque[tuple[float, int]] = deque()  # (t, needed) over the down window
+
+    def update(
+        self,
+        t_s: float,
+        *,
+        arrived: float,
+        waiting: int,
+        executors: list[ExecutorInfo],
+        slo_ms: float | None,
+    ) -> Reading:
+        """arrived: every task offered so far (completed + refused + waiting); waiting:
+        how many wait now; executors: the live ones."""
+        rates = [r for r in (self.short.add(t_s, arrived), self.long.add(t_s, arrived)) if r]
+        offered = max(rates, default=0.0)
+        known = [c for e in executors if (c := capacity_at_slo(e, slo_ms))]
+        if known:
+            self.capacity_rps = statistics.median(known)
+        s = self.settings
+        needed = 0
+        if self.capacity_rps > 0:
+            needed = math.ceil(round(offered * (1 + s.scale_headroom) / self.capacity_rps, 6))
+        if waiting or offered > 0:
+            needed = max(needed, 1)  # demand and no executor: ask for one
+        self.needs.append((t_s, needed))
+        while self.needs and t_s - self.needs[0][0] > s.scale_down_window_s:
+            self.needs.popleft()
+        held = max(n for _, n in self.needs)
+        wanted = min(max(held, s.scale_min_executors), s.scale_max_executors)
+        return Reading(offered, self.capacity_rps, needed, wanted, len(executors))

@@ -1,0 +1,124 @@
+"""The scaling signal's arithmetic (coordinator/scaling.py), on executors as they publish
+their latency models: capacity at the SLO, the offered rate, and executors wanted."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import fast_settings
+from tandem.broker.state import ExecutorInfo
+from tandem.coordinator.scaling import Rate, Signal, capacity_at_slo
+
+
+def executor(base_ms=20.0, per_item_ms=0.5, max_batch=32, gap_ms=1.0, margin_ms=2.0, **kw):
+    """An executor that published this latency model, as the sim model's would be."""
+    compute = base_ms + per_item_ms * max_batch
+    return ExecutorInfo(
+        id=kw.get("id", "e"), model="sim:1", worker="w", state="IDLE", room=max_batch,
+        max_batch=max_batch, expires_ms=0, batches=10, tasks=100, l2_depth=0,
+        inflight_depth=0, base_ms=base_ms, per_item_ms=per_item_ms, margin_ms=margin_ms,
+        rate=max_batch * 1000 / (compute + gap_ms),
+        lag_ms=gap_ms + compute + margin_ms + 1.0, extra_ms=kw.get("extra_ms", compute),
+    )  # fmt: skip
+
+
+def test_without_an_slo_capacity_is_the_rate_at_full_batches():
+    e = executor()
+    assert capacity_at_slo(e, None) == e.rate
+
+
+def test_a_tight_slo_takes_the_largest_batch_that_still_meets_it():
+    e = executor(base_ms=20, per_item_ms=5, max_batch=32, gap_ms=0, margin_ms=0, extra_ms=0)
+    # A task waits one cycle, then its batch's lag: (20 + 5b) + (20 + 5b + 1) <= 121 ms.
+    b = 8
+    assert capacity_at_slo(e, 121) == b * 1000 / (20 + 5 * b)
+    assert capacity_at_slo(e, 1) == 1000 / 25  # none meets it: a batch of one
+    assert capacity_at_slo(e, 10_000) == e.rate
+
+
+def test_an_executor_without_a_rate_has_no_capacity_yet():
+    assert capacity_at_slo(executor(max_batch=0), None) is None
+    assert capacity_at_slo(dataclasses.replace(executor(), rate=0.0), 250) is None
+
+
+numbers = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(numbers, numbers, st.integers(0, 4096), numbers, numbers, numbers, numbers, numbers)
+def test_capacity_is_total(base, per_item, max_batch, margin, rate, lag, extra, slo):
+    """Whatever an executor published, the capacity is None or a positive finite rate."""
+    e = dataclasses.replace(
+        executor(), base_ms=base, per_item_ms=per_item, max_batch=max_batch,
+        margin_ms=margin, rate=rate, lag_ms=lag, extra_ms=extra,
+    )  # fmt: skip
+    capacity = capacity_at_slo(e, slo or None)
+    assert capacity is None or (math.isfinite(capacity) and capacity > 0)
+
+
+def test_a_rate_is_measured_over_its_window():
+    rate = Rate(2.0)
+    assert rate.add(0.0, 0) is None
+    assert rate.add(1.0, 100) == 100
+    rate.add(2.0, 200)
+    assert rate.add(3.0, 500) == 200  # (500 - 100) over the last 2 s
+
+
+def signal(**overrides) -> Signal:
+    settings = fast_settings("redis://unused", **overrides)
+    return Signal(settings)
+
+
+def feed(sig: Signal, seconds: int, rate: float, start: float = 0, arrived: float = 0, **kw):
+    """One sample a second at a steady offered rate; returns the last reading."""
+    reading = None
+    for t in range(seconds):
+        arrived += rate
+        reading = sig.update(start + t + 1, arrived=arrived, waiting=0, **kw)
+    return reading, start + seconds, arrived
+
+
+def test_wanted_is_the_offered_rate_with_headroom_over_one_executors_capacity():
+    sig = signal(scale_headroom=0.15)
+    e = executor()
+    reading, *_ = feed(sig, 12, 2000, executors=[e], slo_ms=250)
+    assert reading.offered_rps == 2000
+    assert reading.capacity_rps == capacity_at_slo(e, 250)
+    assert reading.wanted == math.ceil(2000 * 1.15 / reading.capacity_rps) == 3
+
+
+def test_it_rises_at_once_and_falls_only_after_the_window_and_never_flaps():
+    sig = signal(scale_headroom=0.15, scale_down_window_s=30)
+    e = executor()
+    low, t, a = feed(sig, 12, 500, executors=[e], slo_ms=None)
+    assert low.wanted == 1
+    high, t, a = feed(sig, 3, 3000, start=t, arrived=a, executors=[e], slo_ms=None)
+    assert high.wanted == math.ceil(3000 * 1.15 / e.rate)  # within the short window
+    wanted = []
+    for _ in range(40):  # back to low: held for the window, then down, once
+        reading, t, a = feed(sig, 1, 500, start=t, arrived=a, executors=[e], slo_ms=None)
+        wanted.append(reading.wanted)
+    assert wanted[:25] == [high.wanted] * 25 and wanted[-1] == 1
+    assert wanted == sorted(wanted, reverse=True)  # no way back up: no flap
+    steady = [feed(sig, 1, 500, start=t + n, arrived=a + 500 * n, executors=[e], slo_ms=None)[0]
+              for n in range(60)]  # fmt: skip
+    assert {r.wanted for r in steady} == {1}
+
+
+def test_it_stays_within_min_and_max():
+    sig = signal(scale_min_executors=2, scale_max_executors=3)
+    assert feed(sig, 5, 0, executors=[executor()], slo_ms=None)[0].wanted == 2
+    assert feed(sig, 5, 1e6, start=5, executors=[executor()], slo_ms=None)[0].wanted == 3
+
+
+def test_demand_with_no_executor_asks_for_one_and_scales_from_the_last_capacity():
+    sig = signal()
+    reading = sig.update(1.0, arrived=0, waiting=3, executors=[], slo_ms=None)
+    assert reading.wanted == 1 and reading.running == 0  # tasks wait: ask for one
+    e = executor()
+    sig.update(2.0, arrived=3, waiting=3, executors=[e], slo_ms=None)  # learns its capacity
+    reading, *_ = feed(sig, 12, 5000, start=2, arrived=3, executors=[], slo_ms=None)
+    assert reading.wanted == math.ceil(5000 * 1.15 / e.rate)  # all of them, not just one
