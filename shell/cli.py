@@ -466,7 +466,13 @@ def stack_options(f):
 
 @main.command()
 @stack_options
-def up(workers, **flags) -> None:
+@click.option(
+    "--min-workers",
+    type=int,
+    help="With --max-workers: follow the scaling signal between these (see README, Scaling).",
+)
+@click.option("--max-workers", type=int, help="The most workers the stack scales out to.")
+def up(workers, min_workers, max_workers, **flags) -> None:
     """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers.
 
     Ctrl-C stops it in order (the workers hand back what they hold, then the coordinator,
@@ -479,14 +485,38 @@ def up(workers, **flags) -> None:
     settings = load_settings(**flags)
     setup_logging("INFO")
     embedded = not names_redis(flags["redis_url"])
+    scaling = min_workers is not None or max_workers is not None
+    if scaling:
+        min_workers = 0 if min_workers is None else min_workers
+        max_workers = max(min_workers, 1) if max_workers is None else max_workers
+        if not 0 <= min_workers <= max_workers or max_workers < 1:
+            raise click.BadParameter(
+                f"need 0 <= --min-workers <= --max-workers and 1 <= --max-workers, got "
+                f"{min_workers} and {max_workers}",
+                param_hint="--min-workers/--max-workers",
+            )
+        workers = max(min_workers, 1)  # one at least, so the models register at once
     stack = Stack(settings, workers=workers, embedded=embedded).start()
+    scaler = None
+    if scaling:
+        import redis
+
+        from tandem.autoscale import LocalScaler
+
+        scaler = LocalScaler(
+            stack,
+            redis.Redis.from_url(stack.url),
+            min_workers=min_workers,
+            max_workers=max_workers,
+        )
     found = (
         f"tandem commands run in this folder use it ({STACK_FILE})"
         if embedded
         else "give other tandem commands the same --redis or TANDEM_REDIS_URL"
     )
+    size = f"{min_workers} to {max_workers} workers" if scaling else f"{workers} workers"
     click.echo(
-        f"tandem up on {stack.url}: {workers} workers serving "
+        f"tandem up on {stack.url}: {size} serving "
         f"{', '.join(settings.models)}; logs in {stack.data_dir / 'logs'}; {found}. "
         "Ctrl-C stops."
     )
@@ -495,6 +525,8 @@ def up(workers, **flags) -> None:
     exited = None
     try:
         while (exited := stack.exited()) is None:
+            if scaler is not None:
+                scaler.step()
             time.sleep(0.5)  # idle until Ctrl-C, SIGTERM or a child exits
     except KeyboardInterrupt:
         pass

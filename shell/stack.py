@@ -183,6 +183,9 @@ class Stack:
         self.server: RedisServer | None = None
         #: The coordinator first, then the workers.
         self.processes: list[Child] = []
+        #: Workers told to stop by a scale-in (retire()), until they have.
+        self.retiring: list[Child] = []
+        self._named = 0  # workers started so far: the next is worker{_named + 1}
         self._lifeline: lifeline.Pipe | None = None  # its children see this process gone
         self._holders: lifeline.Pipe | None = None  # Redis sees the whole stack gone
 
@@ -215,17 +218,9 @@ class Stack:
             self.server = RedisServer(self.data_dir / "redis", keeper_fd=keeper_fd).start()
             self.settings = self.settings.replace(redis_url=self.server.url)
             self._write_stack_file()
-        logs = self.data_dir / "logs"
-        child = self.settings.replace(lifeline_fd=self._lifeline.read_fd)
-        fds = (self._lifeline.read_fd, self._holders.write_fd)
-        self.processes.append(spawn(["coordinator"], child, logs / "coordinator.log", pass_fds=fds))
-        for n in range(self.workers):
-            worker = child.replace(hostname=f"worker{n + 1}@%h")
-            self.processes.append(
-                spawn(["worker"], worker, logs / f"worker{n + 1}.log", pass_fds=fds)
-            )
-        if self.embedded:
-            self._write_stack_file()
+        self.processes.append(self._spawn(["coordinator"], "coordinator"))
+        for _ in range(self.workers):
+            self.add_worker()
         client = redis.Redis.from_url(self.url)
         try:
             wait_for_executors(
@@ -234,11 +229,41 @@ class Stack:
         finally:
             client.close()
 
+    def _spawn(self, args: list[str], name: str, **changes) -> Child:
+        """One process of the stack, with its lifelines: `tandem ARGS`, logging to NAME.log."""
+        settings = self.settings.replace(lifeline_fd=self._lifeline.read_fd, **changes)
+        fds = (self._lifeline.read_fd, self._holders.write_fd)
+        return spawn(args, settings, self.data_dir / "logs" / f"{name}.log", pass_fds=fds)
+
+    def add_worker(self) -> Child:
+        """Start one more worker (worker1, worker2, ...); it registers once it has loaded
+        its models."""
+        self._named += 1
+        name = f"worker{self._named}"
+        process = self._spawn(["worker"], name, hostname=f"{name}@%h")
+        self.processes.append(process)
+        self._write_stack_file()
+        return process
+
+    def retire(self, process: Child) -> None:
+        """Stop one worker warmly (a scale-in): SIGTERM, and no wait; it finishes the batch
+        computing, hands back what it holds and deregisters on its own time."""
+        self.processes.remove(process)
+        self.retiring.append(process)
+        process.send_signal(signal.SIGTERM)
+        self._write_stack_file()
+
+    @property
+    def running_workers(self) -> list[Child]:
+        return self.processes[1:]
+
     def _write_stack_file(self) -> None:
         """The URL and this process's pid, for the commands that follow (discovery.py),
         and the pids of the stack's processes, for an operator."""
-        pids = {p.name: p.pid for p in self.processes}
-        if self.server and self.server.process:
+        if not self.server:
+            return  # not embedded: no stack file
+        pids = {p.name: p.pid for p in (*self.processes, *self.retiring)}
+        if self.server.process:
             pids["redis"] = self.server.process.pid
         self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "pids": pids}))
 
@@ -250,7 +275,7 @@ class Stack:
         lapses. A KeyboardInterrupt meanwhile (a second Ctrl-C) kills what is left at
         once, and is raised again."""
         try:
-            workers, coordinator = self.processes[1:], self.processes[:1]
+            workers, coordinator = self.running_workers + self.retiring, self.processes[:1]
             for process in stop_all(workers, STOP_WORKERS_S) + stop_all(
                 coordinator, STOP_COORDINATOR_S
             ):
@@ -275,10 +300,10 @@ class Stack:
     def kill(self) -> None:
         """Stop everything at once: SIGKILL to the coordinator and the workers (what they
         held is in Redis), then Redis stopped (SIGTERM: it writes its AOF at once)."""
-        for process in self.processes:
+        for process in (*self.processes, *self.retiring):
             if process.poll() is None:
                 process.kill()
-        for process in self.processes:
+        for process in (*self.processes, *self.retiring):
             process.wait()
         if self.server:
             self.server.stop(STOP_REDIS_S)
@@ -288,6 +313,7 @@ class Stack:
         """Forget the stopped processes; close this process's ends of the lifelines (any
         child still running then stops by itself), and drop the stack file."""
         self.processes.clear()
+        self.retiring.clear()
         for pipe in (self._lifeline, self._holders):
             if pipe is not None:
                 pipe.close()
@@ -296,7 +322,13 @@ class Stack:
             self.stack_file.unlink(missing_ok=True)
 
     def exited(self) -> ProcessExited | None:
-        """The first of the stack's processes that has exited, as an error, or None."""
+        """The first of the stack's processes that has exited, as an error, or None. A
+        retired worker that has stopped is forgotten."""
+        for process in [p for p in self.retiring if p.poll() is not None]:
+            self.retiring.remove(process)
+            if process.returncode:
+                log.warning("%s stopped with code %d", process.name, process.returncode)
+            self._write_stack_file()
         return next((e for p in self.processes if (e := p.exited())), None)
 
     def check(self) -> None:

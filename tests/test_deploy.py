@@ -128,6 +128,9 @@ def test_one_gpu_per_worker_pod_and_the_grace_period_of_compose():
     compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
     grace = compose["services"]["worker-0"]["stop_grace_period"]
     assert f"{worker['terminationGracePeriodSeconds']}s" == grace
+    # A stop waits for one batch, at most compute_timeout_s, then hands back.
+    timeout_s = float(env_file()["TANDEM_COMPUTE_TIMEOUT_S"])
+    assert worker["terminationGracePeriodSeconds"] >= timeout_s + 20
 
 
 def test_a_worker_pod_is_ready_only_once_its_executors_are_registered():
@@ -151,15 +154,22 @@ def test_redis_keeps_data_and_never_evicts_on_kubernetes():
     assert redis["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
 
 
-def test_keda_scales_the_worker_deployment_on_l1_as_the_readme_shows():
+def keda_queries() -> list[str]:
+    scaled = manifests()["ScaledObject/tandem-worker"]["spec"]
+    return [t["metadata"]["query"] for t in scaled["triggers"] if t["type"] == "prometheus"]
+
+
+def test_keda_scales_the_worker_deployment_on_the_executors_wanted():
     scaled = manifests()["ScaledObject/tandem-worker"]["spec"]
     assert scaled["scaleTargetRef"]["name"] == "tandem-worker"
     (trigger,) = scaled["triggers"]
     model = env_file()["TANDEM_MODELS"].split(",")[0]
-    assert trigger["type"] == "redis"
-    assert trigger["metadata"]["listName"] == "tandem.l1." + model.replace(":", ".")
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+    assert trigger["metadata"]["query"] == f'max(tandem_executors_wanted{{model="{model}"}})'
+    behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0  # up at once
     readme = (COMPOSE.parent / "README.md").read_text()
-    assert f"listName: {trigger['metadata']['listName']}" in readme
+    assert trigger["metadata"]["query"] in readme
 
 
 def test_prometheus_scrapes_the_coordinator_flower_and_the_gateway():
@@ -253,7 +263,8 @@ def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa:
     processes.coordinator(metrics_port=port)
     processes.worker("w1")
     gateway = processes.gateway()
-    wanted = set(METRIC.findall(" ".join(dashboard_queries() + [r["expr"] for r in alert_rules()])))
+    queries = dashboard_queries() + [r["expr"] for r in alert_rules()] + keda_queries()
+    wanted = set(METRIC.findall(" ".join(queries)))
 
     def exported() -> set[str]:
         with Client(settings=settings) as client:

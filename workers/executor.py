@@ -186,8 +186,9 @@ class Executor:
             log.warning("executor %s could not mark itself STOPPING: %s", self.id, e)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """request_stop(), then finish the batch in hand, return its results, hand L2 back
-        to L1, deregister. An IDLE one notices within poll_ms."""
+        """request_stop(), then finish the batch computing and return its results, hand the
+        one claimed early and L2 back to L1, deregister. An IDLE one notices within
+        poll_ms. So a stop takes one compute at most, bounded by compute_timeout_s."""
         self.request_stop()
         self._thread.join(timeout_s)
         self._returner.close(timeout_s)
@@ -248,7 +249,9 @@ class Executor:
             self.tick()
             try:
                 self._returner.check()
-                if batch:
+                if batch and self._stop.is_set() and not batch.redelivered:
+                    batch = self._give_back(batch)
+                elif batch:
                     batch = self._compute(batch)  # the next batch, if it took one meanwhile
                 elif self.state is State.IDLE:
                     batch = self._wait_for_batch()
@@ -278,6 +281,14 @@ class Executor:
                     return
                 if not self._restart(e):
                     return
+
+    def _give_back(self, batch: Batch) -> Batch:
+        """Stopping: a batch not started yet (claimed early, or begun from L2) goes back to
+        the head of L1 for the rest of the fleet, so a stop waits for one compute at most.
+        (A redelivered task is computed: it must stay alone.)"""
+        moved = self.table.unclaim(self.id, self.model_ref, list(batch))
+        log.info("executor %s stopping: %d unstarted tasks back to L1", self.id, moved)
+        return Batch()
 
     def tick(self) -> None:
         """A sign of progress, which the heartbeat reads (see stuck())."""

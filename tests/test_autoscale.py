@@ -1,0 +1,76 @@
+"""`tandem up --min-workers N --max-workers M`: the workers follow the coordinator's
+scaling signal out under load and back in after it, the idlest first, and every task a
+stopped worker held is answered exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import redis
+
+from helpers import wait_until
+from tandem.broker.errors import Overloaded
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+
+#: sim at 100 ms a batch of at most 4 (about 40 tasks/s a worker), a short down window.
+ENV = {
+    "TANDEM_SIM_BASE_MS": "100",
+    "TANDEM_SIM_PER_ITEM_MS": "0",
+    "TANDEM_MAX_BATCH": "4",
+    "TANDEM_SLO_MS": "3000",
+    "TANDEM_SCALE_DOWN_WINDOW_S": "3",
+}
+
+
+def live_workers(client: redis.Redis) -> set[str]:
+    now = Table(client).now_ms()
+    return {e.worker for e in Table(client).executors() if e.expires_ms > now}
+
+
+def test_up_scales_out_under_load_and_back_in_after_losing_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    up = subprocess.Popen(
+        ["tandem", "up", "--min-workers", "1", "--max-workers", "3"],
+        cwd=tmp_path,
+        env={**env, **ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        banner = wait_until(lambda: "tandem up on" in up.stdout.readline(), 90, "the stack")
+        assert banner
+        url = json.loads((tmp_path / ".tandem" / "stack.json").read_text())["url"]
+        r = redis.Redis.from_url(url)
+        assert len(live_workers(r)) == 1
+        accepted, peak = [], set()
+        with Client(url) as client:
+            start = time.monotonic()
+            while time.monotonic() - start < 40 and len(peak) < 3:
+                try:  # about 150 tasks/s: four workers' worth, refused past the deadline
+                    accepted += client.submit_many("sim:1", [[n] for n in range(15)], deadline_s=2)
+                except Overloaded as e:
+                    accepted += e.accepted
+                peak = live_workers(r)
+                time.sleep(0.1)  # pacing the offered load, not synchronisation
+            assert len(peak) == 3, f"scaled to {len(peak)} workers"
+            # The load stops: after the signal's windows, back to one, the idlest first.
+            wait_until(lambda: len(live_workers(r)) == 1, 60, "the scale-in")
+            answered = [res.get(timeout=30, propagate=False) for res in accepted]
+        assert len(answered) == len(accepted)
+        stats = Table(r).stats()
+        assert stats.get("duplicates", 0) == 0  # exactly once
+        counters = Table(r).counters("sim:1")
+        assert counters["outcome:SUCCESS"] + counters.get("outcome:FAILURE", 0) == len(accepted)
+        logs = (tmp_path / ".tandem" / "logs").glob("worker*.log")
+        stopped = [p for p in logs if "stopped; handed" in p.read_text()]
+        assert len(stopped) == 2  # each retired warmly
+        r.close()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(60)
