@@ -194,7 +194,7 @@ def test_the_alert_rules_are_well_formed():
     rules = alert_rules()
     names = {rule["alert"] for rule in rules}
     wanted = {"TandemL1Growing", "TandemNoLiveExecutor", "TandemDeadLetters"}
-    assert names == wanted | {"TandemExecutorsFlapping", "TandemGoodputLow"}
+    assert names == wanted | {"TandemExecutorsFlapping", "TandemGoodputLow", "TandemDemandAboveMax"}
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
         assert rule["labels"]["severity"] in ("warning", "critical")
