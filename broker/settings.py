@@ -92,6 +92,9 @@ class Settings:
     #: The sim model's preparation cost per task: CPU held with the GIL, as Python
     #: preprocessing is, in the prepare stage.
     sim_prep_ms: float = 0.0
+    #: The sim model's load: seconds a worker takes to load it, as a real model's load and
+    #: warm-up do (a cold start, for the autoscale benchmark).
+    sim_load_s: float = 0.0
     #: Prepare batch N+1 (claim, decode, validate, tokenize) while batch N computes.
     pipeline: bool = True
     #: Model repository folder; empty means the examples shipped with tandem.
@@ -142,6 +145,7 @@ class Settings:
             "sim_base_ms": 0,
             "sim_per_item_ms": 0,
             "sim_prep_ms": 0,
+            "sim_load_s": 0,
             "min_replicas": 0,
             "replica_timeout_ms": 1,
             "lifeline_fd": -1,

@@ -244,3 +244,36 @@ def test_the_replicas_profile_times_both_settings(tmp_path):
     assert [row["min_replicas"] for row in report["rows"]] == [0, 1]
     for row in report["rows"]:
         assert row["tasks"] == 5 and 0 < row["p50_ms"] <= row["p99_ms"]
+
+
+def test_the_autoscale_profile_accounts_for_every_task(tmp_path):
+    """tandem's signal on a short step with a cold start: the stack scales out, and every
+    task offered is answered in time, late, shed, refused, failed or lost; none is lost
+    or answered twice."""
+    pytest.importorskip("matplotlib")
+    from tandem.broker.settings import load_settings
+    from tandem.tools import autoscale
+
+    trace = autoscale.Trace("tiny-step", 12, lambda t: 3.0 if t >= 3 else 1.0, step_at=3)
+    row = autoscale.run("tandem", trace, cold_s=0.5, settings=load_settings(env={}))
+    good = round(row["attainment"] * row["offered"])
+    parts = ("late", "shed", "refused", "failed", "lost")
+    assert row["offered"] == good + sum(row[p] for p in parts)
+    assert row["lost"] == 0 and row["duplicated"] == 0 and row["failed"] == 0
+    assert max(alive for _, alive, _, _ in row["timeline"]) > 1  # it scaled out
+    assert row["executor_s"] > 0 and row["vs_oracle"] > 0
+    autoscale.plot([row], str(tmp_path / "autoscale.png"))
+    assert (tmp_path / "autoscale.png").stat().st_size > 0
+
+
+def test_the_autoscale_measures_are_what_they_say():
+    from tandem.tools import autoscale
+
+    # A scale-in, then a scale-out within the flap window, is a flap; one after it is not.
+    timeline = [(0, 2, 2, 2), (1, 1, 1, 1), (2, 2, 1, 2), (30, 1, 1, 1), (60, 2, 2, 2)]
+    assert autoscale._flaps(timeline) == 1
+    step = autoscale.Trace("s", 10, lambda t: 2.0 if t >= 4 else 1.0, step_at=4)
+    assert autoscale._to_enough(step, [(4, 1, 1, 2), (5.5, 2, 1, 2), (7, 2, 2, 2)]) == 3.0
+    # The oracle starts an executor cold_s before the second it is needed.
+    assert autoscale.oracle_executor_s(step, 0) == 4 * 1 + 6 * 2
+    assert autoscale.oracle_executor_s(step, 2) == 2 * 1 + 8 * 2

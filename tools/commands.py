@@ -44,7 +44,18 @@ def demo(workers, rates, seconds, **flags) -> None:
 @click.option(
     "--profile",
     type=click.Choice(
-        ["sim", "embed", "prep", "fleet", "overhead", "overload", "latency", "http", "replicas"]
+        [
+            "sim",
+            "embed",
+            "prep",
+            "fleet",
+            "overhead",
+            "overload",
+            "latency",
+            "http",
+            "replicas",
+            "autoscale",
+        ]
     ),
     default="sim",
     show_default=True,
@@ -54,7 +65,9 @@ def demo(workers, rates, seconds, **flags) -> None:
     "multiples of the measured capacity, every task with a deadline; latency: tandem's own "
     "path against a bare LPUSH-BLMOVE-PUBLISH path, one task at a time; http: the HTTP "
     "gateway against a direct Client (latency added, CPU per request, the sim sweep); "
-    "replicas: a task's latency with min_replicas 0 and 1 (a primary and one replica).",
+    "replicas: a task's latency with min_replicas 0 and 1 (a primary and one replica); "
+    "autoscale: scaling policies (static, KEDA-like, Ray-like, tandem's signal) on load "
+    "traces with a cold start, worker processes started and stopped.",
 )
 @click.option(
     "--systems",
@@ -108,6 +121,10 @@ def bench(
         require("http", "tandem bench --profile http")
         setup_logging("WARNING")
         _http_bench(quick, workers, json_path)
+        return
+    if profile == "autoscale":
+        setup_logging("WARNING")
+        _autoscale_bench(quick, json_path, plot_path)
         return
     if profile == "overload":
         setup_logging("WARNING")
@@ -406,3 +423,49 @@ def soak(minutes, kill_every_s, faults, rounds, min_replicas, rate, ttl_s) -> No
         click.echo(line)
     if report.lost:
         sys.exit(1)
+
+
+def _autoscale_bench(quick, json_path, plot_path):
+    """Every policy on every trace, each on a stack of its own; --quick: a short step,
+    tandem's signal and the KEDA-like policy, a 1 s cold start."""
+    from rich.console import Console
+
+    from tandem.broker.settings import load_settings
+    from tandem.tools import autoscale
+    from tandem.tools.bench import rows_table
+
+    console = Console()
+    if quick:
+        plan = [(p, autoscale.QUICK_TRACE, 1.0) for p in ("tandem", "keda")]
+    else:
+        plan = [
+            (p, trace, cold)
+            for trace, colds in (
+                (autoscale.TRACES["step"], (1.0, 4.0)),
+                (autoscale.TRACES["ramp"], (4.0,)),
+                (autoscale.TRACES["sawtooth"], (4.0,)),
+            )
+            for cold in colds
+            for p in autoscale.POLICIES
+        ]
+    rows = []
+    for policy, trace, cold in plan:
+        console.print(f"{policy} on {trace.name}, cold start {cold:g} s ...")
+        rows.append(autoscale.run(policy, trace, cold_s=cold, settings=load_settings()))
+        console.print(f"  {_brief(rows[-1], autoscale.COLUMNS)}")
+    title = (
+        f"tandem bench, profile autoscale: {autoscale.MODEL}, one executor "
+        f"~{autoscale.NOMINAL_CAPACITY:g} tasks/s, SLO {autoscale.COST['slo_ms']:g} ms, "
+        f"time compressed {autoscale.COMPRESS}x"
+    )
+    console.print(rows_table(title, autoscale.COLUMNS, rows))
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    if plot_path:
+        autoscale.plot(rows, plot_path)
+
+
+def _brief(row, columns) -> str:
+    return ", ".join(f"{c} {row[c]}" for c in columns[3:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -101,6 +102,8 @@ def _builtin(name: str, settings: Settings) -> Model:
     if name == "sim":
         from tandem.workers.models.sim import SimModel
 
+        if settings.sim_load_s:
+            time.sleep(settings.sim_load_s)  # the load a real model's weights would take
         return SimModel(
             base_ms=settings.sim_base_ms,
             per_item_ms=settings.sim_per_item_ms,

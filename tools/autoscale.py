@@ -1,0 +1,361 @@
+"""`tandem bench --profile autoscale`: how well each scaling policy follows the demand.
+
+A local stack (Redis, a coordinator, worker processes) serves `sim` with a cold start:
+a worker takes cold_s to load its model before its executor registers. Open-loop Poisson
+arrivals follow a trace in multiples of one executor's capacity, every task due within
+the SLO of its scheduled arrival; results are recorded by a process of their own
+(overload.Recorder). Every TICK_S a policy sets how many worker processes run; one
+scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
+
+- static: the trace's peak, all the time;
+- keda: KEDA's Redis trigger through an HPA, ceil(L1 length / LIST_LENGTH), read every
+  sync; down only after the HPA's stabilization window;
+- ray: Ray Serve's autoscaler, (ongoing + queued) / a target per replica, a change held
+  for its upscale or downscale delay first;
+- tandem: the coordinator's executors wanted (coordinator/scaling.py).
+
+The oracle is computed, not run: each second, the fewest executors whose capacity covers
+the offered rate, its cold start foreseen. Time runs COMPRESS times faster than on a
+real cluster: traces of minutes, HPA's 15 s sync and 300 s window, Ray's 30 s and 600 s
+delays, tandem's 120 s window and a 60 s flap window are each divided by COMPRESS.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tandem.autoscale import LocalScaler
+from tandem.broker.errors import Overloaded, QueueFull
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.stack import Stack
+from tandem.tools.bench import due_groups
+from tandem.tools.overload import Recorder
+
+MODEL = "sim:1"
+#: One executor: 80 ms + 2.5 ms a task, 8 a batch: about 80 tasks/s at its largest batch.
+COST = {"sim_base_ms": 80.0, "sim_per_item_ms": 2.5, "max_batch": 8, "slo_ms": 1000.0}
+NOMINAL_CAPACITY = 8 * 1000 / (80.0 + 2.5 * 8)
+COMPRESS = 5
+TICK_S = 1.0
+MAX_WORKERS = 6
+HEADROOM = 0.15
+LIST_LENGTH = 2 * 8  # KEDA's listLength: two batches waiting per worker
+HPA_SYNC_S, HPA_DOWN_S = 15 / COMPRESS, 300 / COMPRESS
+RAY_UP_S, RAY_DOWN_S = 30 / COMPRESS, 600 / COMPRESS
+TANDEM_DOWN_S = 120 / COMPRESS
+FLAP_S = 60 / COMPRESS
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    seconds: float
+    load: Callable[[float], float]  # t (s) -> multiple of one executor's capacity
+    step_at: float | None = None  # a step up, whose reaction is timed
+
+
+def _ramp(t: float) -> float:
+    if t < 10:
+        return 0.5
+    if t < 60:
+        return 0.5 + 3.5 * (t - 10) / 50
+    if t < 80:
+        return 4.0
+    return max(0.5, 4.0 - 3.5 * (t - 80) / 50)
+
+
+TRACES = {
+    "step": Trace("step", 140, lambda t: 4.0 if 20 <= t < 80 else 1.0, step_at=20),
+    "ramp": Trace("ramp", 140, _ramp),
+    "sawtooth": Trace("sawtooth", 120, lambda t: 1.0 + 2.0 * ((t % 20) / 20)),
+}
+QUICK_TRACE = Trace("step-quick", 60, lambda t: 4.0 if 10 <= t < 35 else 1.0, step_at=10)
+POLICIES = ("static", "keda", "ray", "tandem")
+
+
+def arrivals(trace: Trace, capacity: float, seed: int) -> list[float]:
+    """Poisson arrivals at the trace's rate (thinning a process at its peak)."""
+    rng = random.Random(seed)
+    peak = max(trace.load(t / 10) for t in range(int(trace.seconds * 10))) * capacity
+    t, out = 0.0, []
+    while True:
+        t += rng.expovariate(peak)
+        if t >= trace.seconds:
+            return out
+        if rng.random() * peak <= trace.load(t) * capacity:
+            out.append(t)
+
+
+def needed(load: float, capacity: float) -> int:
+    return max(1, math.ceil(round(load * NOMINAL_CAPACITY * (1 + HEADROOM) / capacity, 6)))
+
+
+class Policy:
+    """The worker count a policy asks for, asked every TICK_S."""
+
+    def __init__(self, name: str, trace: Trace, table: Table) -> None:
+        self.name, self.trace, self.table = name, trace, table
+        self.history: deque[tuple[float, int]] = deque()  # (t, desired) for the windows
+        self.last = 1
+        self.next_sync = 0.0
+        self.direction, self.since = 0, 0.0  # ray: the way desired points, and since when
+
+    def __call__(self, t: float, running: int) -> int:
+        if self.name == "static":
+            peak = max(self.trace.load(s / 10) for s in range(int(self.trace.seconds * 10)))
+            return needed(peak, NOMINAL_CAPACITY)
+        if self.name == "tandem":
+            wanted = self.table.scale(MODEL).get("wanted")
+            return running if wanted is None else int(wanted)
+        if self.name == "keda":
+            if t < self.next_sync:
+                return self.last
+            self.next_sync = t + HPA_SYNC_S
+            desired = max(1, math.ceil(self.table.l1_depth(MODEL) / LIST_LENGTH))
+            self.history.append((t, desired))
+            while self.history and t - self.history[0][0] > HPA_DOWN_S:
+                self.history.popleft()
+            self.last = max(d for _, d in self.history)  # up at once, down after the window
+            return self.last
+        # ray: (ongoing + queued) over the target per replica; a change is made once it
+        # was wanted for the whole upscale (or downscale) delay.
+        held = sum(e.l2_depth + e.inflight_depth for e in self.table.executors(MODEL))
+        queued = self.table.l1_depth(MODEL) + self.table.retry_depth(MODEL)
+        desired = max(1, math.ceil((held + queued) / COST["max_batch"]))
+        direction = (desired > self.last) - (desired < self.last)
+        if direction != self.direction:
+            self.direction, self.since = direction, t
+        delay = RAY_UP_S if direction > 0 else RAY_DOWN_S
+        if direction and t - self.since >= delay:
+            self.last, self.direction = desired, 0
+        return self.last
+
+
+class PolicyScaler(LocalScaler):
+    """The local scaler, its target set by a policy rather than by tandem's signal."""
+
+    def __init__(self, stack: Stack, client: redis.Redis, policy: Policy, start: float) -> None:
+        super().__init__(stack, client, min_workers=1, max_workers=MAX_WORKERS)
+        self.policy, self.start = policy, start
+
+    def target(self) -> int:
+        wanted = self.policy(time.monotonic() - self.start, len(self.stack.running_workers))
+        return min(max(wanted, self.min_workers), self.max_workers)
+
+
+def run(
+    policy_name: str, trace: Trace, *, cold_s: float, settings: Settings, seed: int = 1
+) -> dict[str, Any]:
+    """One policy on one trace, on a stack of its own. Returns its row and its timeline."""
+    settings = settings.replace(
+        models=(MODEL,),
+        sim_load_s=cold_s,
+        scale_down_window_s=TANDEM_DOWN_S,
+        scale_headroom=HEADROOM,
+        scale_max_executors=MAX_WORKERS,
+        scale_min_executors=1,
+        loglevel="WARNING",
+        **COST,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as folder,
+        Stack(settings, workers=1, data_dir=Path(folder)) as stack,
+    ):
+        return _measure(stack, policy_name, trace, cold_s, seed)
+
+
+def _measure(stack: Stack, policy_name: str, trace: Trace, cold_s: float, seed: int) -> dict:
+    client = redis.Redis.from_url(stack.url)
+    table = Table(client)
+    recorder = Recorder(stack.url)
+    producer = Client(settings=stack.settings)
+    try:
+        _warm(producer, recorder)
+        warm = recorder.count.value
+        schedule = arrivals(trace, NOMINAL_CAPACITY, seed)
+        start = time.monotonic()
+        scaler = PolicyScaler(stack, client, Policy(policy_name, trace, table), start)
+        timeline: list[tuple[float, int, int, int]] = []  # t, processes, live, target
+        stop = threading.Event()
+        steering = threading.Thread(
+            target=_steer, args=(stack, scaler, table, start, timeline, stop), daemon=True
+        )
+        steering.start()
+        due, refused = _drive(producer, schedule, stack)
+        recorder.wait(warm + len(due), 30 + COST["slo_ms"] / 1000, stack.check)
+        stop.set()
+        steering.join(10)
+        stats = table.stats()
+    finally:
+        arrived = recorder.collect()
+        producer.close()
+        client.close()
+    return _row(policy_name, trace, cold_s, due, refused, arrived, timeline, stats)
+
+
+def _warm(producer: Client, recorder: Recorder) -> None:
+    """Batches large and small, so the latency model knows the executor's speed."""
+    sent = producer.submit_many(MODEL, [[n] for n in range(32)])
+    recorder.wait(len(sent), 60)
+    for n in range(4):
+        producer.submit(MODEL, [n])
+        recorder.wait(len(sent) + n + 1, 10)
+
+
+def _steer(stack, scaler, table, start, timeline, stop) -> None:
+    """Every TICK_S: the policy's step, and a sample of the fleet."""
+    while not stop.is_set():
+        target = scaler.step()
+        stack.exited()  # reaps the retired workers that have stopped
+        now_ms = table.now_ms()
+        live = sum(e.expires_ms > now_ms for e in table.executors(MODEL))
+        alive = len(stack.running_workers) + len(stack.retiring)
+        timeline.append((time.monotonic() - start, alive, live, target))
+        stop.wait(TICK_S)
+
+
+def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict[str, float], int]:
+    """The open-loop arrivals, each due by its scheduled arrival plus the SLO. Returns
+    (task id: its scheduled arrival, epoch s) and how many were refused at submit."""
+    due: dict[str, float] = {}
+    refused = 0
+    slo_s = COST["slo_ms"] / 1000
+    for i, j, start in due_groups(schedule, stack.check, clock=time.time):
+        at = start + schedule[i]
+        batch = [[k] for k in range(i, j)]
+        try:
+            results = producer.submit_many(
+                MODEL, batch, deadline_s=max(1e-3, at + slo_s - time.time())
+            )
+        except (Overloaded, QueueFull) as e:
+            results = e.accepted
+        refused += len(batch) - len(results)
+        due.update(dict.fromkeys((r.id for r in results), at))
+    return due, refused
+
+
+def oracle_executor_s(trace: Trace, cold_s: float) -> float:
+    """The fewest executor-seconds that meet the trace: each second, enough executors for
+    its rate at one executor's capacity, each started cold_s ahead (it is foreseen)."""
+    seconds = int(trace.seconds)
+    wanted = [math.ceil(round(trace.load(t + 0.5), 6)) for t in range(seconds)]
+    ahead = math.ceil(cold_s)
+    return float(sum(max(wanted[t : t + ahead + 1]) for t in range(seconds)))
+
+
+def _row(policy, trace, cold_s, due, refused, arrived, timeline, stats) -> dict[str, Any]:
+    slo_s = COST["slo_ms"] / 1000
+    good = late = shed = failed = 0
+    for task_id, at in due.items():
+        got = arrived.get(task_id)
+        if got is None:
+            continue
+        if got.status == "SUCCESS":
+            good += got.at - at <= slo_s
+            late += got.at - at > slo_s
+        elif got.error == "DeadlineExceeded" or got.status == "REVOKED":
+            shed += 1
+        else:
+            failed += 1
+    offered = len(due) + refused
+    spans = zip(timeline, timeline[1:], strict=False)
+    executor_s = sum(alive * (t1 - t0) for (t0, alive, _, _), (t1, *_) in spans)
+    oracle = oracle_executor_s(trace, cold_s)
+    return {
+        "policy": policy,
+        "trace": trace.name,
+        "cold_s": cold_s,
+        "offered": offered,
+        "attainment": round(good / offered, 4) if offered else None,
+        "goodput_rps": round(good / trace.seconds, 1),
+        "refused": refused,
+        "shed": shed,
+        "late": late,
+        "failed": failed,
+        "lost": sum(1 for t in due if t not in arrived),
+        "duplicated": stats.get("duplicates", 0),
+        "executor_s": round(executor_s, 1),
+        "vs_oracle": round(executor_s / oracle, 2) if oracle else None,
+        "to_enough_s": _to_enough(trace, timeline),
+        "flaps": _flaps(timeline),
+        "timeline": timeline,
+    }
+
+
+def _to_enough(trace: Trace, timeline) -> float | None:
+    """Seconds from the trace's step up to enough live executors for its new rate."""
+    if trace.step_at is None:
+        return None
+    enough = math.ceil(round(trace.load(trace.step_at), 6))
+    after = [t for t, _, live, _ in timeline if t >= trace.step_at and live >= enough]
+    return round(after[0] - trace.step_at, 1) if after else None
+
+
+def _flaps(timeline) -> int:
+    """Scale-ins followed by a scale-out within FLAP_S."""
+    flaps, last_in = 0, None
+    for (_, before, _, _), (t, after, _, _) in zip(timeline, timeline[1:], strict=False):
+        if after < before:
+            last_in = t
+        elif after > before and last_in is not None and t - last_in <= FLAP_S:
+            flaps += 1
+            last_in = None
+    return flaps
+
+
+COLUMNS = (
+    "policy",
+    "trace",
+    "cold_s",
+    "attainment",
+    "goodput_rps",
+    "refused",
+    "shed",
+    "late",
+    "executor_s",
+    "vs_oracle",
+    "to_enough_s",
+    "flaps",
+    "lost",
+    "duplicated",
+)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Workers and offered load (in executors' worth) over time, one panel per trace and
+    cold start, a line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["trace"], r["cold_s"]) for r in rows})
+    figure, axes = plt.subplots(len(groups), 1, figsize=(9, 3.2 * len(groups)), squeeze=False)
+    for ax, (trace_name, cold_s) in zip(axes[:, 0], groups, strict=True):
+        trace = TRACES.get(trace_name, QUICK_TRACE)
+        span = max(t for r in rows if r["trace"] == trace_name for t, *_ in r["timeline"])
+        xs = [x / 10 for x in range(int(span * 10))]
+        ax.plot(xs, [trace.load(x) for x in xs], color="black", lw=1, label="offered (x one)")
+        for r in rows:
+            if (r["trace"], r["cold_s"]) == (trace_name, cold_s):
+                ts = [t for t, *_ in r["timeline"]]
+                ax.step(ts, [alive for _, alive, _, _ in r["timeline"]], where="post",
+                        label=f"{r['policy']} workers")  # fmt: skip
+        ax.set_title(f"{trace_name}, cold start {cold_s:g} s (time compressed {COMPRESS}x)")
+        ax.set_xlabel("s")
+        ax.legend(fontsize=7, ncol=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
