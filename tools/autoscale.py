@@ -14,10 +14,14 @@ scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
   for its upscale or downscale delay first;
 - tandem: the coordinator's executors wanted (coordinator/scaling.py).
 
-The oracle is computed, not run: each second, the fewest executors whose capacity covers
-the offered rate, its cold start foreseen. Time runs COMPRESS times faster than on a
-real cluster: traces of minutes, HPA's 15 s sync and 300 s window, Ray's 30 s and 600 s
-delays, tandem's 120 s window and a 60 s flap window are each divided by COMPRESS.
+One executor's capacity is measured first (a burst against one worker, no deadlines);
+the traces are multiples of it. The oracle is computed, not run: each second, the fewest
+executors whose capacity covers the offered rate, each started its cold start ahead.
+
+Time runs COMPRESS times faster than on a real cluster: traces of minutes, HPA's 15 s
+sync and 300 s window, Ray's 30 s and 600 s delays, tandem's 120 s window and a 60 s flap
+window are each divided by COMPRESS. A worker process's own start (Python, torch's
+import: a few seconds here) is not: it adds to the injected cold start.
 """
 
 from __future__ import annotations
@@ -99,8 +103,40 @@ def arrivals(trace: Trace, capacity: float, seed: int) -> list[float]:
             out.append(t)
 
 
-def needed(load: float, capacity: float) -> int:
-    return max(1, math.ceil(round(load * NOMINAL_CAPACITY * (1 + HEADROOM) / capacity, 6)))
+def measure_capacity(settings: Settings, tasks: int = 1200) -> float:
+    """One executor's throughput at saturation, tasks/s: a burst with no deadlines, timed
+    between the 10th and the 90th percentile of its results' arrivals."""
+    with (
+        tempfile.TemporaryDirectory(prefix="tandem-capacity-") as folder,
+        Stack(
+            _settings(settings, 0.0).replace(slo_ms=0.0), workers=1, data_dir=Path(folder)
+        ) as stack,
+    ):
+        recorder = Recorder(stack.url)
+        producer = Client(settings=stack.settings)
+        try:
+            burst = producer.submit_many(MODEL, [[n] for n in range(tasks)])
+            recorder.wait(len(burst), 120, stack.check)
+        finally:
+            arrived = recorder.collect()
+            producer.close()
+    done = [arrived[r.id] for r in burst if r.id in arrived]
+    times = sorted(a.at for a in done if a.status == "SUCCESS")
+    low, high = len(times) // 10, 9 * len(times) // 10
+    return round((high - low) / (times[high] - times[low]), 1)
+
+
+def _settings(settings: Settings, cold_s: float) -> Settings:
+    return settings.replace(
+        models=(MODEL,),
+        sim_load_s=cold_s,
+        scale_down_window_s=TANDEM_DOWN_S,
+        scale_headroom=HEADROOM,
+        scale_max_executors=MAX_WORKERS,
+        scale_min_executors=1,
+        loglevel="WARNING",
+        **COST,
+    )
 
 
 class Policy:
@@ -108,15 +144,15 @@ class Policy:
 
     def __init__(self, name: str, trace: Trace, table: Table) -> None:
         self.name, self.trace, self.table = name, trace, table
+        self.peak = max(trace.load(s / 10) for s in range(int(trace.seconds * 10)))
         self.history: deque[tuple[float, int]] = deque()  # (t, desired) for the windows
         self.last = 1
         self.next_sync = 0.0
         self.direction, self.since = 0, 0.0  # ray: the way desired points, and since when
 
     def __call__(self, t: float, running: int) -> int:
-        if self.name == "static":
-            peak = max(self.trace.load(s / 10) for s in range(int(self.trace.seconds * 10)))
-            return needed(peak, NOMINAL_CAPACITY)
+        if self.name == "static":  # the peak, with the same headroom as tandem's signal
+            return math.ceil(round(self.peak * (1 + HEADROOM), 6))
         if self.name == "tandem":
             wanted = self.table.scale(MODEL).get("wanted")
             return running if wanted is None else int(wanted)
@@ -157,27 +193,26 @@ class PolicyScaler(LocalScaler):
 
 
 def run(
-    policy_name: str, trace: Trace, *, cold_s: float, settings: Settings, seed: int = 1
+    policy_name: str,
+    trace: Trace,
+    *,
+    cold_s: float,
+    settings: Settings,
+    capacity: float = NOMINAL_CAPACITY,
+    seed: int = 1,
 ) -> dict[str, Any]:
-    """One policy on one trace, on a stack of its own. Returns its row and its timeline."""
-    settings = settings.replace(
-        models=(MODEL,),
-        sim_load_s=cold_s,
-        scale_down_window_s=TANDEM_DOWN_S,
-        scale_headroom=HEADROOM,
-        scale_max_executors=MAX_WORKERS,
-        scale_min_executors=1,
-        loglevel="WARNING",
-        **COST,
-    )
+    """One policy on one trace at multiples of `capacity` (one executor's, tasks/s), on a
+    stack of its own. Returns its row, with its timeline."""
     with (
         tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as folder,
-        Stack(settings, workers=1, data_dir=Path(folder)) as stack,
+        Stack(_settings(settings, cold_s), workers=1, data_dir=Path(folder)) as stack,
     ):
-        return _measure(stack, policy_name, trace, cold_s, seed)
+        return _measure(stack, policy_name, trace, cold_s, capacity, seed)
 
 
-def _measure(stack: Stack, policy_name: str, trace: Trace, cold_s: float, seed: int) -> dict:
+def _measure(
+    stack: Stack, policy_name: str, trace: Trace, cold_s: float, capacity: float, seed: int
+) -> dict:
     client = redis.Redis.from_url(stack.url)
     table = Table(client)
     recorder = Recorder(stack.url)
@@ -185,7 +220,7 @@ def _measure(stack: Stack, policy_name: str, trace: Trace, cold_s: float, seed: 
     try:
         _warm(producer, recorder)
         warm = recorder.count.value
-        schedule = arrivals(trace, NOMINAL_CAPACITY, seed)
+        schedule = arrivals(trace, capacity, seed)
         start = time.monotonic()
         scaler = PolicyScaler(stack, client, Policy(policy_name, trace, table), start)
         timeline: list[tuple[float, int, int, int]] = []  # t, processes, live, target
@@ -199,11 +234,15 @@ def _measure(stack: Stack, policy_name: str, trace: Trace, cold_s: float, seed: 
         stop.set()
         steering.join(10)
         stats = table.stats()
+        estimated = table.scale(MODEL).get("capacity_rps")
     finally:
         arrived = recorder.collect()
         producer.close()
         client.close()
-    return _row(policy_name, trace, cold_s, due, refused, arrived, timeline, stats)
+    row = _row(policy_name, trace, cold_s, due, refused, arrived, timeline, stats)
+    row["capacity_rps"] = capacity
+    row["signal_capacity_rps"] = estimated  # one executor's capacity at the SLO, as tandem saw it
+    return row
 
 
 def _warm(producer: Client, recorder: Recorder) -> None:

@@ -434,7 +434,7 @@ def _autoscale_bench(quick, json_path, plot_path):
     from tandem.tools import autoscale
     from tandem.tools.bench import rows_table
 
-    console = Console()
+    console = Console(width=180)  # the table has 14 columns
     if quick:
         plan = [(p, autoscale.QUICK_TRACE, 1.0) for p in ("tandem", "keda")]
     else:
@@ -448,15 +448,18 @@ def _autoscale_bench(quick, json_path, plot_path):
             for cold in colds
             for p in autoscale.POLICIES
         ]
+    settings = load_settings()
+    console.print("measuring one executor's capacity ...")
+    capacity = autoscale.measure_capacity(settings)
     rows = []
     for policy, trace, cold in plan:
         console.print(f"{policy} on {trace.name}, cold start {cold:g} s ...")
-        rows.append(autoscale.run(policy, trace, cold_s=cold, settings=load_settings()))
-        console.print(f"  {_brief(rows[-1], autoscale.COLUMNS)}")
+        row = autoscale.run(policy, trace, cold_s=cold, settings=settings, capacity=capacity)
+        rows.append(row)
+        console.print(f"  {_brief(row, autoscale.COLUMNS)}")
     title = (
-        f"tandem bench, profile autoscale: {autoscale.MODEL}, one executor "
-        f"~{autoscale.NOMINAL_CAPACITY:g} tasks/s, SLO {autoscale.COST['slo_ms']:g} ms, "
-        f"time compressed {autoscale.COMPRESS}x"
+        f"tandem bench, profile autoscale: {autoscale.MODEL}, one executor {capacity:g} "
+        f"tasks/s, SLO {autoscale.COST['slo_ms']:g} ms, time compressed {autoscale.COMPRESS}x"
     )
     console.print(rows_table(title, autoscale.COLUMNS, rows))
     if json_path:
