@@ -262,6 +262,7 @@ def test_the_autoscale_profile_accounts_for_every_task(tmp_path):
     assert row["lost"] == 0 and row["duplicated"] == 0 and row["failed"] == 0
     assert max(alive for _, alive, _, _ in row["timeline"]) > 1  # it scaled out
     assert row["executor_s"] > 0 and row["vs_oracle"] > 0
+    assert 0 <= row["attainment_after"] <= 1  # outside the reaction to the step
     autoscale.plot([row], str(tmp_path / "autoscale.png"))
     assert (tmp_path / "autoscale.png").stat().st_size > 0
 

@@ -229,7 +229,7 @@ def _measure(
             target=_steer, args=(stack, scaler, table, start, timeline, stop), daemon=True
         )
         steering.start()
-        due, refused = _drive(producer, schedule, stack)
+        due, refused, began = _drive(producer, schedule, stack)
         recorder.wait(warm + len(due), 30 + COST["slo_ms"] / 1000, stack.check)
         stop.set()
         steering.join(10)
@@ -239,7 +239,7 @@ def _measure(
         arrived = recorder.collect()
         producer.close()
         client.close()
-    row = _row(policy_name, trace, cold_s, due, refused, arrived, timeline, stats)
+    row = _row(policy_name, trace, cold_s, (due, refused, began), arrived, timeline, stats)
     row["capacity_rps"] = capacity
     row["signal_capacity_rps"] = estimated  # one executor's capacity at the SLO, as tandem saw it
     return row
@@ -266,13 +266,16 @@ def _steer(stack, scaler, table, start, timeline, stop) -> None:
         stop.wait(TICK_S)
 
 
-def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict[str, float], int]:
+def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict, list, float]:
     """The open-loop arrivals, each due by its scheduled arrival plus the SLO. Returns
-    (task id: its scheduled arrival, epoch s) and how many were refused at submit."""
+    (task id: its scheduled arrival, epoch s), the scheduled arrivals of those refused at
+    submit, and when the schedule started (epoch s)."""
     due: dict[str, float] = {}
-    refused = 0
+    refused: list[float] = []
     slo_s = COST["slo_ms"] / 1000
+    began = time.time()
     for i, j, start in due_groups(schedule, stack.check, clock=time.time):
+        began = start
         at = start + schedule[i]
         batch = [[k] for k in range(i, j)]
         try:
@@ -281,9 +284,9 @@ def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict[
             )
         except (Overloaded, QueueFull) as e:
             results = e.accepted
-        refused += len(batch) - len(results)
+        refused += [at] * (len(batch) - len(results))
         due.update(dict.fromkeys((r.id for r in results), at))
-    return due, refused
+    return due, refused, began
 
 
 def oracle_executor_s(trace: Trace, cold_s: float) -> float:
@@ -295,21 +298,34 @@ def oracle_executor_s(trace: Trace, cold_s: float) -> float:
     return float(sum(max(wanted[t : t + ahead + 1]) for t in range(seconds)))
 
 
-def _row(policy, trace, cold_s, due, refused, arrived, timeline, stats) -> dict[str, Any]:
+def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any]:
+    """sent: (task id: scheduled arrival, the refused tasks' scheduled arrivals, the
+    schedule's start), all in epoch s."""
+    due, refused, began = sent
     slo_s = COST["slo_ms"] / 1000
+    to_enough = _to_enough(trace, timeline)
+    # The reaction to a step: from it until enough executors served (or the trace's end).
+    react = (trace.step_at or 0.0, (trace.step_at or 0.0) + (to_enough or trace.seconds))
     good = late = shed = failed = 0
+    outside = [0, 0]  # tasks offered outside the reaction, and those answered in time
     for task_id, at in due.items():
         got = arrived.get(task_id)
+        in_time = got is not None and got.status == "SUCCESS" and got.at - at <= slo_s
+        if trace.step_at is not None and not react[0] <= at - began < react[1]:
+            outside[0] += 1
+            outside[1] += in_time
         if got is None:
             continue
         if got.status == "SUCCESS":
-            good += got.at - at <= slo_s
-            late += got.at - at > slo_s
+            good += in_time
+            late += not in_time
         elif got.error == "DeadlineExceeded" or got.status == "REVOKED":
             shed += 1
         else:
             failed += 1
-    offered = len(due) + refused
+    if trace.step_at is not None:
+        outside[0] += sum(not react[0] <= at - began < react[1] for at in refused)
+    offered = len(due) + len(refused)
     spans = zip(timeline, timeline[1:], strict=False)
     executor_s = sum(alive * (t1 - t0) for (t0, alive, _, _), (t1, *_) in spans)
     oracle = oracle_executor_s(trace, cold_s)
@@ -319,8 +335,10 @@ def _row(policy, trace, cold_s, due, refused, arrived, timeline, stats) -> dict[
         "cold_s": cold_s,
         "offered": offered,
         "attainment": round(good / offered, 4) if offered else None,
+        # Outside the reaction to the step (step traces): what the policy holds once scaled.
+        "attainment_after": round(outside[1] / outside[0], 4) if outside[0] else None,
         "goodput_rps": round(good / trace.seconds, 1),
-        "refused": refused,
+        "refused": len(refused),
         "shed": shed,
         "late": late,
         "failed": failed,
@@ -328,7 +346,7 @@ def _row(policy, trace, cold_s, due, refused, arrived, timeline, stats) -> dict[
         "duplicated": stats.get("duplicates", 0),
         "executor_s": round(executor_s, 1),
         "vs_oracle": round(executor_s / oracle, 2) if oracle else None,
-        "to_enough_s": _to_enough(trace, timeline),
+        "to_enough_s": to_enough,
         "flaps": _flaps(timeline),
         "timeline": timeline,
     }
@@ -360,6 +378,7 @@ COLUMNS = (
     "trace",
     "cold_s",
     "attainment",
+    "attainment_after",
     "goodput_rps",
     "refused",
     "shed",
