@@ -38,6 +38,7 @@ EXTRA_FILES = {
     "tools/dashboard.py": "bench",
     "tools/fleet.py": "bench",
     "tools/overload.py": "bench",
+    "tools/autoscale.py": "bench",
     "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",
