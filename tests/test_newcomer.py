@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 
+import psutil
 import pytest
 import redis
 
@@ -118,12 +119,15 @@ def test_a_bench_point_aborts_when_a_baseline_worker_dies(tmp_path):
     try:
 
         def baseline_pid() -> int | None:
-            found = subprocess.run(
-                ["pgrep", "-f", "tandem.tools.baselines plain --hostname=plain1@bench"],
-                capture_output=True,
-                text=True,
-            )
-            return int(found.stdout.split()[0]) if found.stdout.strip() else None
+            """This bench's own baseline worker: another test's bench may run one of the
+            same name at the same time (pytest-xdist), and it must not be the one killed."""
+            for child in psutil.Process(bench.pid).children(recursive=True):
+                try:
+                    if "--hostname=plain1@bench" in " ".join(child.cmdline()):
+                        return child.pid
+                except psutil.NoSuchProcess:
+                    continue
+            return None
 
         os.kill(wait_until(baseline_pid, 60, "the baseline worker"), signal.SIGKILL)
         out, err = bench.communicate(timeout=60)  # far sooner than the 120 s of arrivals

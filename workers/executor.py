@@ -195,34 +195,29 @@ class Executor:
         if self._full is not None:
             self._full.close()
         self._device.shutdown(wait=False)
-        try:
-            moved = self.table.reclaim(self.id, self.model_ref, force=True)
-        except redis.RedisError as e:
-            log.warning(
-                "executor %s stopped without Redis (%s); the coordinator will hand "
-                "its tasks back once its heartbeat lapses",
-                self.id,
-                e,
-            )
-            return
-        log.info("executor %s stopped; handed %d queued tasks back to L1", self.id, moved)
+        self._hand_all_back("stopped")
 
     def terminate(self) -> None:
         """A cold stop: take no new tasks and hand back everything held now, the batch
         computing included, without waiting for it (its tasks run again elsewhere, with
         no delivery counted: the stop was asked for)."""
         self.request_stop()
+        self._hand_all_back("terminated")
+
+    def _hand_all_back(self, how: str) -> None:
+        """Hand L2 and in-flight back to L1 and deregister, without counting deliveries."""
         try:
             moved = self.table.reclaim(self.id, self.model_ref, force=True)
         except redis.RedisError as e:
             log.warning(
-                "executor %s terminated without Redis (%s); the coordinator will hand its "
-                "tasks back once its heartbeat lapses",
+                "executor %s %s without Redis (%s); the coordinator will hand its tasks "
+                "back once its heartbeat lapses",
                 self.id,
+                how,
                 e,
             )
             return
-        log.info("executor %s terminated; handed %d tasks back to L1", self.id, moved)
+        log.info("executor %s %s; handed %d queued tasks back to L1", self.id, how, moved)
 
     def _register(self) -> None:
         s = self.settings
