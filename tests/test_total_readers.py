@@ -80,7 +80,7 @@ def every_key(executor_id: str) -> set[str]:
         keys.COORDINATOR,
         keys.deliveries(b"a message"), keys.result("some-task"),
         *keys.l1_keys(model), keys.retry(model), keys.executors(model), keys.ready(model),
-        keys.speed(model), keys.metrics(model), keys.executor(executor_id),
+        keys.speed(model), keys.metrics(model), keys.scale(model), keys.executor(executor_id),
         keys.l2(executor_id), keys.inflight(executor_id),
     }  # fmt: skip
 
