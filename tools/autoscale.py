@@ -12,7 +12,9 @@ scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
   sync; down only after the HPA's stabilization window;
 - ray: Ray Serve's autoscaler, (ongoing + queued) / a target per replica, a change held
   for its upscale or downscale delay first;
-- tandem: the coordinator's executors wanted (coordinator/scaling.py).
+- tandem: the coordinator's executors wanted (coordinator/scaling.py);
+- churn: 3 workers, then 1, every CHURN_S, whatever the load: scale-ins under load, to
+  count what they lose or answer twice (none may be).
 
 One executor's capacity is measured first (a burst against one worker, no deadlines);
 the traces are multiples of it. The oracle is computed, not run: each second, the fewest
@@ -87,6 +89,10 @@ TRACES = {
     "sawtooth": Trace("sawtooth", 120, lambda t: 1.0 + 2.0 * ((t % 20) / 20)),
 }
 QUICK_TRACE = Trace("step-quick", 60, lambda t: 4.0 if 10 <= t < 35 else 1.0, step_at=10)
+#: Scale-in safety under churn: a steady 2x, while the churn policy flips between 3 and 1
+#: workers every CHURN_S, stopping two busy workers a cycle.
+CHURN_TRACE = Trace("churn", 1200, lambda t: 2.0)
+CHURN_S = 6.0
 POLICIES = ("static", "keda", "ray", "tandem")
 
 
@@ -153,6 +159,8 @@ class Policy:
     def __call__(self, t: float, running: int) -> int:
         if self.name == "static":  # the peak, with the same headroom as tandem's signal
             return math.ceil(round(self.peak * (1 + HEADROOM), 6))
+        if self.name == "churn":
+            return 3 if (t // CHURN_S) % 2 == 0 else 1
         if self.name == "tandem":
             wanted = self.table.scale(MODEL).get("wanted")
             return running if wanted is None else int(wanted)
@@ -326,8 +334,7 @@ def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any
     if trace.step_at is not None:
         outside[0] += sum(not react[0] <= at - began < react[1] for at in refused)
     offered = len(due) + len(refused)
-    spans = zip(timeline, timeline[1:], strict=False)
-    executor_s = sum(alive * (t1 - t0) for (t0, alive, _, _), (t1, *_) in spans)
+    executor_s = sum(alive * (t1 - t0) for (t0, alive, _, _), (t1, *_) in spans_of(timeline))
     oracle = oracle_executor_s(trace, cold_s)
     return {
         "policy": policy,
@@ -348,8 +355,14 @@ def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any
         "vs_oracle": round(executor_s / oracle, 2) if oracle else None,
         "to_enough_s": to_enough,
         "flaps": _flaps(timeline),
+        "scale_ins": sum(max(0, a - b) for (_, a, _, _), (_, b, _, _) in spans_of(timeline)),
         "timeline": timeline,
     }
+
+
+def spans_of(timeline: list) -> zip:
+    """Each sample of a timeline with the next."""
+    return zip(timeline, timeline[1:], strict=False)
 
 
 def _to_enough(trace: Trace, timeline) -> float | None:
@@ -364,7 +377,7 @@ def _to_enough(trace: Trace, timeline) -> float | None:
 def _flaps(timeline) -> int:
     """Scale-ins followed by a scale-out within FLAP_S."""
     flaps, last_in = 0, None
-    for (_, before, _, _), (t, after, _, _) in zip(timeline, timeline[1:], strict=False):
+    for (_, before, _, _), (t, after, _, _) in spans_of(timeline):
         if after < before:
             last_in = t
         elif after > before and last_in is not None and t - last_in <= FLAP_S:
@@ -387,6 +400,7 @@ COLUMNS = (
     "vs_oracle",
     "to_enough_s",
     "flaps",
+    "scale_ins",
     "lost",
     "duplicated",
 )

@@ -86,6 +86,11 @@ def demo(workers, rates, seconds, **flags) -> None:
     help="overload: tasks to shed at claim for the cost per shed task (default 20000, "
     "quick 5000; 0 skips it).",
 )
+@click.option(
+    "--churn",
+    is_flag=True,
+    help="autoscale: 20 minutes of scale-ins under load instead, counting what they lose.",
+)
 @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
@@ -99,6 +104,7 @@ def bench(
     loads,
     slos_ms,
     shed_tasks,
+    churn,
     workers,
     json_path,
     plot_path,
@@ -124,7 +130,7 @@ def bench(
         return
     if profile == "autoscale":
         setup_logging("WARNING")
-        _autoscale_bench(quick, json_path, plot_path)
+        _autoscale_bench(quick, churn, json_path, plot_path)
         return
     if profile == "overload":
         setup_logging("WARNING")
@@ -425,9 +431,10 @@ def soak(minutes, kill_every_s, faults, rounds, min_replicas, rate, ttl_s) -> No
         sys.exit(1)
 
 
-def _autoscale_bench(quick, json_path, plot_path):
+def _autoscale_bench(quick, churn, json_path, plot_path):
     """Every policy on every trace, each on a stack of its own; --quick: a short step,
-    tandem's signal and the KEDA-like policy, a 1 s cold start."""
+    tandem's signal and the KEDA-like policy, a 1 s cold start; --churn: 20 minutes of
+    scale-ins under load, counting what they lose."""
     from rich.console import Console
 
     from tandem.broker.settings import load_settings
@@ -435,7 +442,9 @@ def _autoscale_bench(quick, json_path, plot_path):
     from tandem.tools.bench import rows_table
 
     console = Console(width=180)  # the table has 14 columns
-    if quick:
+    if churn:
+        plan = [("churn", autoscale.CHURN_TRACE, 1.0)]
+    elif quick:
         plan = [(p, autoscale.QUICK_TRACE, 1.0) for p in ("tandem", "keda")]
     else:
         plan = [
