@@ -275,6 +275,9 @@ def test_the_autoscale_measures_are_what_they_say():
     assert autoscale._flaps(timeline) == 1
     step = autoscale.Trace("s", 10, lambda t: 2.0 if t >= 4 else 1.0, step_at=4)
     assert autoscale._to_enough(step, [(4, 1, 1, 2), (5.5, 2, 1, 2), (7, 2, 2, 2)]) == 3.0
-    # The oracle starts an executor cold_s before the second it is needed.
-    assert autoscale.oracle_executor_s(step, 0) == 4 * 1 + 6 * 2
-    assert autoscale.oracle_executor_s(step, 2) == 2 * 1 + 8 * 2
+    # The oracle plans on the trace's own arrivals at the measured capacity, and starts
+    # each executor its cold start ahead.
+    low, high = (autoscale.Trace("flat", 10, lambda t, x=x: x) for x in (0.5, 2.5))
+    assert autoscale.oracle_executor_s(low, 0, autoscale.NOMINAL_CAPACITY) == 10
+    assert 20 < autoscale.oracle_executor_s(high, 0, autoscale.NOMINAL_CAPACITY) < 30
+    assert autoscale.oracle_executor_s(step, 0, 40) < autoscale.oracle_executor_s(step, 3, 40)

@@ -17,8 +17,9 @@ scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
   count what they lose or answer twice (none may be).
 
 One executor's capacity is measured first (a burst against one worker, no deadlines);
-the traces are multiples of it. The oracle is computed, not run: each second, the fewest
-executors whose capacity covers the offered rate, each started its cold start ahead.
+the traces are multiples of it. The oracle is computed, not run (tools/oracle.py): each
+second, the fewest executors that answer every one of the trace's arrivals by its
+deadline, each started its cold start ahead.
 
 Time runs COMPRESS times faster than on a real cluster: traces of minutes, HPA's 15 s
 sync and 300 s window, Ray's 30 s and 600 s delays, tandem's 120 s window and a 60 s flap
@@ -47,6 +48,7 @@ from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.stack import Stack
+from tandem.tools import oracle
 from tandem.tools.bench import due_groups
 from tandem.tools.overload import Recorder
 
@@ -249,6 +251,8 @@ def _measure(
         client.close()
     row = _row(policy_name, trace, cold_s, (due, refused, began), arrived, timeline, stats)
     row["capacity_rps"] = capacity
+    row["oracle_executor_s"] = oracle_executor_s(trace, cold_s, capacity, seed)
+    row["vs_oracle"] = round(row["executor_s"] / row["oracle_executor_s"], 2)
     row["signal_capacity_rps"] = estimated  # one executor's capacity at the SLO, as tandem saw it
     return row
 
@@ -297,13 +301,18 @@ def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict,
     return due, refused, began
 
 
-def oracle_executor_s(trace: Trace, cold_s: float) -> float:
-    """The fewest executor-seconds that meet the trace: each second, enough executors for
-    its rate at one executor's capacity, each started cold_s ahead (it is foreseen)."""
-    seconds = int(trace.seconds)
-    wanted = [math.ceil(round(trace.load(t + 0.5), 6)) for t in range(seconds)]
-    ahead = math.ceil(cold_s)
-    return float(sum(max(wanted[t : t + ahead + 1]) for t in range(seconds)))
+def oracle_executor_s(trace: Trace, cold_s: float, capacity: float, seed: int = 1) -> float:
+    """The fewest executor-seconds that meet every deadline of the trace's arrivals
+    (tools/oracle.py), each executor started cold_s ahead (it is foreseen)."""
+    slow = NOMINAL_CAPACITY / capacity  # the measured executor against the nominal cost
+    unit = oracle.Executor(
+        COST["sim_base_ms"] / 1000 * slow, COST["sim_per_item_ms"] / 1000 * slow, COST["max_batch"]
+    )
+    schedule = arrivals(trace, capacity, seed)
+    counts = oracle.plan(
+        schedule, math.ceil(trace.seconds), COST["slo_ms"] / 1000, unit, MAX_WORKERS
+    )
+    return oracle.executor_seconds(counts, cold_s)
 
 
 def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any]:
@@ -335,7 +344,6 @@ def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any
         outside[0] += sum(not react[0] <= at - began < react[1] for at in refused)
     offered = len(due) + len(refused)
     executor_s = sum(alive * (t1 - t0) for (t0, alive, _, _), (t1, *_) in spans_of(timeline))
-    oracle = oracle_executor_s(trace, cold_s)
     return {
         "policy": policy,
         "trace": trace.name,
@@ -352,7 +360,6 @@ def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any
         "lost": sum(1 for t in due if t not in arrived),
         "duplicated": stats.get("duplicates", 0),
         "executor_s": round(executor_s, 1),
-        "vs_oracle": round(executor_s / oracle, 2) if oracle else None,
         "to_enough_s": to_enough,
         "flaps": _flaps(timeline),
         "scale_ins": sum(max(0, a - b) for (_, a, _, _), (_, b, _, _) in spans_of(timeline)),
