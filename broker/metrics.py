@@ -7,7 +7,9 @@ with the counters the executor's hooks give) ``outcome:SUCCESS|FAILURE``,
 ``failure:<reason>`` (``failure:DeadlineExceeded`` counts the tasks shed at claim),
 ``deadline:met`` (successes stored by their deadline, or with none: the goodput),
 ``deadline:missed`` (successes stored after it), and per histogram ``<name>:<bucket>``
-(non-cumulative), ``<name>:sum`` and ``<name>:count``. The coordinator's exporter serves
+(non-cumulative), ``<name>:sum`` and ``<name>:count``. A model with stages
+(workers/stages.py) adds one histogram per host stage; ``compute_ms`` is then its forward
+pass alone, and its sum over time the device's busy time. The coordinator's exporter serves
 them to Prometheus.
 """
 
@@ -20,6 +22,10 @@ HISTOGRAMS = {
     "batch_size": (1, 2, 4, 8, 16, 32, 64, 128, 256),
     "compute_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
     "device_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+    **{
+        f"{stage}_ms": (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+        for stage in ("collate", "copy_in", "copy_out", "split")
+    },
     "queue_wait_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
     "latency_ms": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
 }
@@ -27,6 +33,10 @@ HELP = {
     "batch_size": "Tasks per computed batch.",
     "compute_ms": "Wall time of one batch's forward pass, in milliseconds.",
     "device_ms": "GPU time of one batch's forward pass (CUDA events), in milliseconds.",
+    "collate_ms": "Time to stack and pad one batch's inputs into its host slot, in milliseconds.",
+    "copy_in_ms": "Time of one batch's copy to the device, in milliseconds.",
+    "copy_out_ms": "Time of one batch's outputs' copy back to the host, in milliseconds.",
+    "split_ms": "Time to split one batch's outputs into each task's result, in milliseconds.",
     "queue_wait_ms": "Time from submit to the claim that put a task in a batch, in milliseconds.",
     "latency_ms": "Time from submit to the stored result, in milliseconds.",
 }

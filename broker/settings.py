@@ -92,11 +92,20 @@ class Settings:
     #: The sim model's preparation cost per task: CPU held with the GIL, as Python
     #: preprocessing is, in the prepare stage.
     sim_prep_ms: float = 0.0
+    #: The sim model's host stages, per batch: collating takes CPU with the GIL held, as
+    #: stacking and padding do; each copy, to the device and back, takes wall time and no
+    #: CPU, as a DMA engine's copy does (workers/stages.py).
+    sim_collate_ms: float = 0.0
+    sim_copy_ms: float = 0.0
     #: The sim model's load: seconds a worker takes to load it, as a real model's load and
     #: warm-up do (a cold start, for the autoscale benchmark).
     sim_load_s: float = 0.0
     #: Prepare batch N+1 (claim, decode, validate, tokenize) while batch N computes.
     pipeline: bool = True
+    #: For a model with stages: collate and copy batch N+1 in while N computes, and copy
+    #: N's outputs out and split them while N+1 computes. Off: every stage on the device
+    #: thread, one after another.
+    staging: bool = True
     #: Model repository folder; empty means the examples shipped with tandem.
     repository: str = ""
     #: Torch device: auto, cpu or cuda:N. A repository model's config may name its own.
@@ -145,6 +154,8 @@ class Settings:
             "sim_base_ms": 0,
             "sim_per_item_ms": 0,
             "sim_prep_ms": 0,
+            "sim_collate_ms": 0,
+            "sim_copy_ms": 0,
             "sim_load_s": 0,
             "min_replicas": 0,
             "replica_timeout_ms": 1,

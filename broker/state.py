@@ -7,6 +7,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -48,11 +49,14 @@ class Batch(Sequence):
     - `redelivered`: it is one task from the retry list, taken alone, which may be what
       killed an executor before (the executor computes it with nothing else in flight);
     - `tasks`: the decoded, checked tasks, when it was prepared while the previous batch
-      computed (the pipeline); None when it still has to be prepared."""
+      computed (the pipeline); None when it still has to be prepared;
+    - `staged`: its live tasks collated and on their way to the device (a model with
+      stages, workers/stages.py), or None."""
 
     raw: list[bytes] = field(default_factory=list)
     redelivered: bool = False
     tasks: list | None = None
+    staged: Any = None
 
     def __getitem__(self, index):
         return self.raw[index]

@@ -113,10 +113,20 @@ def main() -> None:
 @click.option("--sim-base-ms", type=float, help="sim model: fixed cost per batch.")
 @click.option("--sim-per-item-ms", type=float, help="sim model: cost per task.")
 @click.option("--sim-prep-ms", type=float, help="sim model: CPU cost to prepare each task.")
+@click.option("--sim-collate-ms", type=float, help="sim model: CPU cost to collate each batch.")
+@click.option(
+    "--sim-copy-ms", type=float, help="sim model: wall time of each copy, in and out, per batch."
+)
 @click.option(
     "--pipeline/--no-pipeline",
     default=None,
     help="Prepare the next batch while one computes (default: on).",
+)
+@click.option(
+    "--staging/--no-staging",
+    default=None,
+    help="Collate and copy the next batch while one computes, copy out and split after "
+    "(default: on, for a model with stages).",
 )
 @click.option("--device", help="auto, cpu or cuda:N.")
 @click.option("--hostname", help="Celery node name (default: MODEL-PID@<host>).")

@@ -3,7 +3,7 @@ hooks (logs, metrics, Celery events)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.broker import message
@@ -25,3 +25,8 @@ class Computed:
     #: Its results are stored already (Returner.store_now, at low load): what is left is
     #: its bookkeeping (count.lua), the canvas's next steps and the hooks.
     results_out: bool = False
+    #: A staged batch whose outputs are still to be copied out and split, with the
+    #: indices of the tasks computed (workers/stages.py); None once they are outputs.
+    pending: Any = None
+    #: Each stage's time, ms (workers/stages.py NAMES), as far as the batch had them.
+    stages: dict[str, float] = field(default_factory=dict)

@@ -1,5 +1,6 @@
 """The compute stage, on the executor's device thread: one forward pass over a batch's
-inputs, bisected when it raises so that only the offending tasks fail."""
+inputs, bisected when it raises so that only the offending tasks fail. For a model with
+stages only its forward pass runs here (workers/stages.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from tandem.broker.errors import ModelError
 from tandem.workers.models import Model
+from tandem.workers.stages import InFlight, compute
 
 
 def forward(model: Model, batch: list[Any]) -> tuple[list[Any], float, float | None]:
@@ -33,3 +35,18 @@ def run_isolated(model: Model, batch: list[Any]) -> list[Any]:
         mid = len(batch) // 2
         return run_isolated(model, batch[:mid]) + run_isolated(model, batch[mid:])
     return outputs
+
+
+def forward_staged(
+    model: Model, staged: InFlight, inputs: list[Any]
+) -> tuple[InFlight | None, list[Any] | None, float, float | None]:
+    """The forward pass of a staged batch, its outputs left on the device for the
+    returner to copy out and split: (the batch, None, wall ms, GPU ms). If it raises,
+    the batch is run again serially, bisected (run_isolated): (None, outputs, ms, None)."""
+    try:
+        compute(model, staged)
+    except Exception:  # noqa: BLE001 - isolated below, task by task
+        staged.done()
+        outputs, wall_ms, _ = forward(model, inputs)
+        return None, outputs, wall_ms, None
+    return staged, None, staged.times["compute"], staged.times.get("device")

@@ -36,12 +36,13 @@ from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
-from tandem.workers.device import forward
+from tandem.workers.device import forward, forward_staged
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model, describe, options
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
+from tandem.workers.stages import InFlight, stage_in, staged
 
 log = logging.getLogger("tandem.executor")
 
@@ -74,6 +75,8 @@ class Executor:
         self.model = model
         self.options = options(model, settings)
         self.max_batch, self.max_wait_ms = self.options.max_batch, self.options.max_wait_ms
+        #: Its stages run apart (workers/stages.py): only the forward pass on the device.
+        self.staged = settings.staging and staged(model)
         #: A task without its own deadline must be answered within this of its submit.
         self.slo_ms = self.options.slo_ms
         #: Its compute, gap and return times, learned from its own batches.
@@ -281,6 +284,8 @@ class Executor:
         """Stopping: a batch not started yet (claimed early, or begun from L2) goes back to
         the head of L1 for the rest of the fleet, so a stop waits for one compute at most.
         (A redelivered task is computed: it must stay alone.)"""
+        if batch.staged is not None:
+            batch.staged.done()
         moved = self.table.unclaim(self.id, self.model_ref, list(batch))
         log.info("executor %s stopping: %d unstarted tasks back to L1", self.id, moved)
         return Batch()
@@ -437,33 +442,51 @@ class Executor:
         compute_ms, device_ms = 0.0, None
         learned = 0  # the batch size the latency model learns a compute of, if any
         failed: Exception | None = None  # the early claim's error
+        job: InFlight | None = None  # staged: the outputs are the returner's to split
         if ready:
+            inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
+            if self.staged and not inline:
+                job = self._stage(batch.staged, live, inputs)
             began = time.monotonic()
             if self._last_end is not None:
                 self.latency.observe_gap((began - self._last_end) * 1000)
             self._computing = (live, started_at, began)
-            inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
             try:
                 if inline:
                     computed, compute_ms, device_ms = forward(self.model, inputs)
                 else:
-                    computing = self._device.submit(forward, self.model, inputs)
+                    if job is None:
+                        computing = self._device.submit(forward, self.model, inputs)
+                    else:
+                        computing = self._device.submit(forward_staged, self.model, job, inputs)
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
-                    computed, compute_ms, device_ms = computing.result()
+                    if job is None:
+                        computed, compute_ms, device_ms = computing.result()
+                    else:
+                        job, computed, compute_ms, device_ms = computing.result()
             finally:
                 self._computing = None
             self._last_end = time.monotonic()
-            for n, out in zip(ready, computed, strict=True):
-                if isinstance(out, ModelError):
-                    tasks[n].error = out
-                else:
-                    outputs[n] = out
-            if len(outputs) == len(ready):  # a bisected batch ran more than one pass
+            if job is not None:
                 learned = len(ready)
+            else:
+                for n, out in zip(ready, computed, strict=True):
+                    if isinstance(out, ModelError):
+                        tasks[n].error = out
+                    else:
+                        outputs[n] = out
+                if len(outputs) == len(ready):  # a bisected batch ran more than one pass
+                    learned = len(ready)
         else:
             self._last_end = None  # nothing computed: the next gap is not one compute's
+            if batch.staged is not None:
+                batch.staged.done()
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
+        if job is not None:
+            done.pending = (job, ready)
+        elif ready:
+            done.stages["compute"] = compute_ms  # the serial path: every stage in it
         if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
         if self._untold is not None:
@@ -477,7 +500,8 @@ class Executor:
 
     def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
         """While a batch of n computes: claim and prepare the next, planned from when this
-        one should end. An error is returned, to be raised once this batch is handed over."""
+        one should end, and stage it. An error is returned, to be raised once this batch
+        is handed over."""
         ends = self.latency.compute_ms(n) + self.latency.gap_ms
         try:
             early = self._prepare.early(
@@ -485,4 +509,23 @@ class Executor:
             )
         except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
             return Batch(), e
+        if self.staged and early.tasks:
+            live = [task for task in early.tasks if task.error is None]
+            if live:
+                early.staged = self._stage(None, live, [task.inputs for task in live])
         return early, None
+
+    def _stage(self, early: InFlight | None, live: list, inputs: list) -> InFlight | None:
+        """The batch's tasks collated and on their way to the device: as staged early, if
+        its tasks are still the same, else staged now. None if staging fails: the batch
+        then runs serially, bisected, so only the offending tasks fail."""
+        key = tuple(map(id, live))
+        if early is not None:
+            if early.key == key:
+                return early
+            early.done()
+        try:
+            return stage_in(self.model, inputs, key)
+        except Exception as e:  # noqa: BLE001 - a bad item fails alone, in forward()
+            log.info("executor %s: staging a batch failed (%s); run serially", self.id, one_line(e))
+            return None

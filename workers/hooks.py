@@ -16,6 +16,9 @@ from tandem.broker.errors import DeadlineExceeded, ModelError, Revoked
 from tandem.broker.message import TASK_NAME, short
 from tandem.workers.computed import Computed
 
+#: The host stages a staged batch is timed in, each its own histogram (workers/stages.py).
+STAGES = ("collate", "copy_in", "copy_out", "split")
+
 
 class HasId(Protocol):
     """What a hook reads of the executor it hangs off (workers/executor.py's Executor)."""
@@ -87,6 +90,9 @@ class Metrics(Hook):
             metrics.observe(counts, "compute_ms", done.compute_ms)
             if done.device_ms is not None:
                 metrics.observe(counts, "device_ms", done.device_ms)
+            for stage in STAGES:
+                if stage in done.stages:
+                    metrics.observe(counts, f"{stage}_ms", done.stages[stage])
         for n, task in enumerate(done.tasks):
             counts["outcome:FAILURE" if task.error else "outcome:SUCCESS"] += 1
             if task.error is not None:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import redis
 
 from tandem.broker import deadletter, keys, message, results
-from tandem.broker.errors import ExecutorCrashed, Revoked
+from tandem.broker.errors import ExecutorCrashed, ModelError, Revoked, one_line
 from tandem.broker.retry import retry
 from tandem.broker.settings import Settings
 from tandem.broker.state import Speed
@@ -30,6 +30,7 @@ from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
 from tandem.workers.hooks import Hook
 from tandem.workers.latency import LatencyModel
+from tandem.workers.stages import finish
 
 log = logging.getLogger("tandem.executor")
 
@@ -50,6 +51,7 @@ class Owner(Protocol):
     canvas: Canvas | None
     latency: LatencyModel
     max_batch: int
+    model: Any
 
     def tick(self) -> None: ...
 
@@ -163,6 +165,8 @@ class Returner:
         """The results in one complete.lua call, canvas steps first, as in Celery.
         count_later: the results alone, for _count() to add the bookkeeping after."""
         owner = self.owner
+        if done.pending is not None:
+            self._finish(done)
         for n, task in self._canvas(done):
             owner.canvas.before_store(task, done.outputs.get(n))
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
@@ -183,6 +187,23 @@ class Returner:
         if done.outputs:
             ended = done.started_at + done.compute_ms / 1000
             owner.latency.observe_return((time.time() - ended) * 1000)
+
+    def _finish(self, done: Computed) -> None:
+        """A staged batch's outputs copied out and split into each task's result. If that
+        fails, each of its tasks fails with the model's error."""
+        staged, ready = done.pending
+        done.pending = None
+        try:
+            results = finish(self.owner.model, staged)
+            if len(results) != len(ready):
+                raise ModelError(f"returned {len(results)} outputs for {len(ready)} inputs")
+        except Exception as e:  # noqa: BLE001 - the batch's tasks fail, the executor lives
+            error = e if isinstance(e, ModelError) else ModelError(f"model raised {one_line(e)}")
+            for n in ready:
+                done.tasks[n].error = error
+        else:
+            done.outputs.update(zip(ready, results, strict=True))
+        done.stages = staged.times
 
     def _after(self, done: Computed) -> None:
         """What follows stored results: the canvas's next steps, then the hooks."""

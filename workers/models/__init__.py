@@ -12,7 +12,9 @@ from tandem.broker.settings import Settings
 
 
 class Model(Protocol):
-    """What an executor needs from a model: validate and run.
+    """What an executor needs from a model: validate and run. A model may also split
+    run into stages, so that only its forward pass holds the device thread: collate,
+    to_device, forward, to_host and split (workers/stages.py).
 
     A model may also carry, as attributes, what it knows better than the worker's
     settings (repository models take them from their config.json); options() reads them:
@@ -108,6 +110,8 @@ def _builtin(name: str, settings: Settings) -> Model:
             base_ms=settings.sim_base_ms,
             per_item_ms=settings.sim_per_item_ms,
             prep_ms=settings.sim_prep_ms,
+            collate_ms=settings.sim_collate_ms,
+            copy_ms=settings.sim_copy_ms,
         )
     from tandem.workers.models.tiny import TinyModel
 

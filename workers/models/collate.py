@@ -17,6 +17,7 @@ import torch
 from tandem.broker.errors import BadInput
 from tandem.broker.extras import require
 from tandem.workers.models.spec import ModelConfig, TensorSpec
+from tandem.workers.models.staging import Slot
 
 Item = dict[str, torch.Tensor]
 
@@ -90,23 +91,43 @@ class Collator:
 
     # A batch
 
-    def collate(self, items: list[Item]) -> Batch:
-        args, lengths = [], None
+    def collate(self, items: list[Item], slot: Slot | None = None) -> Batch:
+        """The items stacked (padded where variable), into the slot's buffers if given."""
+
+        def new(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+            if slot is None:
+                return torch.empty(shape, dtype=dtype)
+            return slot.tensor(len(args), shape, dtype)
+
+        args: list[torch.Tensor] = []
+        lengths = None
         for spec in self.config.inputs:
             tensors = [item[spec.name] for item in items]
             if not spec.variable:
-                args.append(torch.stack(tensors))
+                args.append(
+                    torch.stack(
+                        tensors, out=new([len(tensors), *tensors[0].shape], tensors[0].dtype)
+                    )
+                )
                 continue
             dim = spec.shape.index(-1)
             if lengths is None:
                 lengths = [t.shape[dim] for t in tensors]
-            args.append(_pad(tensors, self.config.padding_value))
+            shape = [max(t.shape[d] for t in tensors) for d in range(tensors[0].dim())]
+            args.append(
+                _pad(
+                    tensors,
+                    self.config.padding_value,
+                    new([len(tensors), *shape], tensors[0].dtype),
+                )
+            )
         if self.config.mask and lengths is not None:
             size = torch.tensor(lengths)
             if self.config.mask == "lengths":
-                args.append(size)
+                mask = size
             else:
-                args.append((torch.arange(max(lengths))[None, :] < size[:, None]).long())
+                mask = (torch.arange(max(lengths))[None, :] < size[:, None]).long()
+            args.append(new(list(mask.shape), mask.dtype).copy_(mask))
         return Batch(args=args, lengths=lengths)
 
     def split(self, outputs: Any, batch: Batch, count: int) -> list[Any]:
@@ -182,9 +203,8 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
             raise BadInput(f"input {spec.name}: shape {list(shape)}, expected {spec.describe()}")
 
 
-def _pad(tensors: list[torch.Tensor], value: float) -> torch.Tensor:
-    shape = [max(t.shape[d] for t in tensors) for d in range(tensors[0].dim())]
-    out = torch.full([len(tensors), *shape], value, dtype=tensors[0].dtype)
+def _pad(tensors: list[torch.Tensor], value: float, out: torch.Tensor) -> torch.Tensor:
+    out.fill_(value)
     for n, tensor in enumerate(tensors):
         out[(n, *(slice(0, s) for s in tensor.shape))] = tensor
     return out

@@ -10,14 +10,17 @@ import importlib
 import logging
 import os
 import zipfile
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from tandem.broker.errors import BadSetting, ModelLoadError, one_line
 from tandem.broker.extras import extra_of, install_hint
+from tandem.workers import stages
 from tandem.workers.models.collate import Batch, Collator, Item
 from tandem.workers.models.spec import ModelConfig
+from tandem.workers.models.staging import Slot, Slots, map_tensors
 
 log = logging.getLogger("tandem.models")
 
@@ -42,6 +45,45 @@ def pick_device(device: str) -> torch.device:
     return chosen
 
 
+@dataclass
+class _Host:
+    """A batch collated into a host slot."""
+
+    batch: Batch
+    count: int
+    slot: Slot
+
+
+@dataclass
+class _OnDevice:
+    """A batch's inputs on the device (on a GPU, once events[1] has completed)."""
+
+    args: list[torch.Tensor]
+    host: _Host
+    events: tuple | None = None  # the copy's start and end, on a GPU
+    release: Any = None  # frees the host slot, where the forward pass reads it
+
+
+@dataclass
+class _Outputs:
+    outputs: Any
+    batch: _OnDevice
+    events: tuple | None = None  # the forward pass's start and end, on a GPU
+    times: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _OnHost:
+    outputs: Any
+    batch: _OnDevice
+    times: dict[str, float] = field(default_factory=dict)
+    release: Any = None  # frees the output slot, once split
+
+
+def _events() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
 class RepoModel:
     """A repository model, as an executor sees it: validate one task, run a batch."""
 
@@ -55,6 +97,13 @@ class RepoModel:
         self.max_queue = config.max_queue
         self.slo_ms = config.slo_ms
         self.last_device_ms: float | None = None
+        cuda = self.device.type == "cuda"
+        self._in_slots, self._out_slots = Slots(pinned=cuda), Slots(pinned=cuda)
+        self._streams = (
+            {name: torch.cuda.Stream(self.device) for name in ("copy_in", "compute", "copy_out")}
+            if cuda
+            else {}
+        )
         self._warm_up()
 
     def __repr__(self) -> str:
@@ -64,30 +113,89 @@ class RepoModel:
         return self.collator.validate(inputs)
 
     def run(self, batch: list[Item]) -> list[Any]:
-        collated = self.collator.collate(batch)
-        with torch.inference_mode():
-            args = self._to_device(collated)
-            if self.device.type != "cuda":
-                return self.collator.split(self.module(*args), collated, len(batch))
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            outputs = self.module(*args)
-            end.record()
-            out = self.collator.split(outputs, collated, len(batch))
-        end.synchronize()
+        """Every stage, one after another (workers/stages.py)."""
+        job = stages.compute(self, stages.stage_in(self, batch))
         #: The last forward pass's GPU time: the executor reports it as device_ms.
-        self.last_device_ms = start.elapsed_time(end)
-        return out
+        self.last_device_ms = job.times.get("device")
+        return stages.finish(self, job)
+
+    # The stages. On a GPU: the copy in on a stream of its own, which the forward pass's
+    # stream waits on by an event; the copy out on a third stream, into a pinned slot.
+    # On the CPU the same steps, with no streams and no copies.
+
+    def collate(self, items: list[Item]) -> _Host:
+        slot = self._in_slots.take()
+        try:
+            return _Host(self.collator.collate(items, slot), len(items), slot)
+        except BaseException:
+            self._in_slots.back(slot)
+            raise
+
+    def to_device(self, host: _Host) -> _OnDevice:
+        if self.device.type != "cuda":  # forward reads the slot: free it after the split
+            release = self._in_slots.releaser(host.slot)
+            return _OnDevice(self._half(host.batch.args), host, release=release)
+        stream, events = self._streams["copy_in"], _events()
+        with torch.cuda.stream(stream):
+            events[0].record(stream)
+            args = self._half([t.to(self.device, non_blocking=True) for t in host.batch.args])
+            events[1].record(stream)
+        for tensor in args:  # allocated on the copy stream, read on the compute stream
+            tensor.record_stream(self._streams["compute"])
+        self._in_slots.back(host.slot, events[1])  # free once the copy that read it is done
+        return _OnDevice(args, host, events=events)
+
+    def forward(self, batch: _OnDevice) -> _Outputs:
+        with torch.inference_mode():
+            if self.device.type != "cuda":
+                return _Outputs(self.module(*batch.args), batch)
+            stream, events = self._streams["compute"], _events()
+            with torch.cuda.stream(stream):
+                stream.wait_event(batch.events[1])  # on the copy, not on the host
+                events[0].record(stream)
+                outputs = self.module(*batch.args)
+                events[1].record(stream)
+        events[1].synchronize()
+        return _Outputs(outputs, batch, events, {"device": events[0].elapsed_time(events[1])})
+
+    def to_host(self, out: _Outputs) -> _OnHost:
+        if self.device.type != "cuda":
+            return _OnHost(out.outputs, out.batch)
+        slot, stream, events = self._out_slots.take(), self._streams["copy_out"], _events()
+        index = iter(range(1 << 30))
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            tensor.record_stream(stream)  # made on the compute stream, read on this one
+            pinned = slot.tensor(next(index), tensor.shape, tensor.dtype)
+            return pinned.copy_(tensor, non_blocking=True)
+
+        with torch.cuda.stream(stream):
+            stream.wait_event(out.events[1])
+            events[0].record(stream)
+            outputs = map_tensors(out.outputs, copy)
+            events[1].record(stream)
+        events[1].synchronize()
+        times = {"copy_out": events[0].elapsed_time(events[1])}
+        copied_in = out.batch.events
+        times["copy_in"] = copied_in[0].elapsed_time(copied_in[1])
+        return _OnHost(outputs, out.batch, times, self._out_slots.releaser(slot))
+
+    def split(self, host: _OnHost) -> list[Any]:
+        try:
+            batch = host.batch.host
+            return self.collator.split(host.outputs, batch.batch, batch.count)
+        finally:
+            if host.release is not None:
+                host.release()
+
+    def _half(self, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.config.half:
+            return args
+        return [t.half() if t.is_floating_point() else t for t in args]
 
     def _to_device(self, batch: Batch) -> list[torch.Tensor]:
-        args = []
-        for tensor in batch.args:
-            if self.config.half and tensor.is_floating_point():
-                tensor = tensor.half()
-            if self.device.type == "cuda":
-                tensor = tensor.pin_memory().to(self.device, non_blocking=True)
-            args.append(tensor)
-        return args
+        """A batch's inputs on the device, plainly (the warm-up's)."""
+        return self._half([t.to(self.device) for t in batch.args])
 
     def _warm_up(self) -> None:
         """One forward pass of one example item, then of two (a fixed batch size shows
@@ -107,6 +215,9 @@ class RepoModel:
             problem = check_outputs(self.config, outputs, size)
             if problem:
                 raise ModelLoadError(f"{self.config.directory / 'config.json'}: {problem}")
+        full = [self.collator.example() for _ in range(self.max_batch_size)]
+        for slot in self._in_slots.all:  # sized for the max batch before the first task
+            self.collator.collate(full, slot)
 
 
 def check_outputs(config: ModelConfig, outputs: Any, size: int) -> str | None:

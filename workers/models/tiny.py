@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from tandem.broker.errors import BadInput
+from tandem.workers import stages
 from tandem.workers.models.loading import pick_device
 
 IN_FEATURES = 8
@@ -50,9 +51,25 @@ class TinyModel:
         return values
 
     def run(self, batch: list[list[float]]) -> list[list[float]]:
+        return stages.run_serially(self, batch)
+
+    # The stages (workers/stages.py)
+
+    def collate(self, items: list[list[float]]) -> torch.Tensor:
+        return torch.tensor(items, dtype=torch.float32)
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        return host.to(self.device, non_blocking=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            x = torch.tensor(batch, dtype=torch.float32).to(self.device, non_blocking=True)
-            return self.net(x).cpu().tolist()
+            return self.net(x)
+
+    def to_host(self, y: torch.Tensor) -> torch.Tensor:
+        return y.cpu()
+
+    def split(self, y: torch.Tensor) -> list[list[float]]:
+        return y.tolist()
 
     def reference(self, inputs: list[float]) -> list[float]:
         """One item computed alone, for tests."""
