@@ -26,3 +26,14 @@ def masked_mean(config) -> torch.nn.Module:
 
 def linear(config) -> torch.nn.Module:
     return torch.nn.Linear(4, 2)
+
+
+class Identity(torch.nn.Module):
+    """Returns its input itself: its outputs are views of the batch's host slot."""
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+        return x, lengths
+
+
+def identity(config) -> torch.nn.Module:
+    return Identity()

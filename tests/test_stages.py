@@ -1,0 +1,326 @@
+"""A model's stages (workers/stages.py): the next batch is collated and copied in while
+the current one computes, its outputs copied out and split after; host slots reused in
+turn and never written while read. Real Redis and a real executor where the claim is
+about the executor; the models' own stages where it is about outputs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from test_models import write_model
+
+from helpers import wait_until
+from tandem.broker import keys
+from tandem.broker.errors import BadInput
+from tandem.broker.state import State
+from tandem.broker.table import Table
+from tandem.producers.client import Client
+from tandem.workers import stages
+from tandem.workers.executor import Executor
+from tandem.workers.heartbeat import Heartbeat
+from tandem.workers.models.loading import RepoModel
+from tandem.workers.models.repository import Repository
+from tandem.workers.models.sim import SimModel
+from tandem.workers.models.spec import load_config
+from tandem.workers.models.staging import Slots
+from tandem.workers.models.tiny import TinyModel
+
+MODEL = "staged:1"
+
+
+class Sleepy:
+    """Each stage sleeps; each records when it ran, by batch (its first input)."""
+
+    def __init__(self, stage_s: float = 0.03, compute_s: float = 0.06) -> None:
+        self.stage_s, self.compute_s = stage_s, compute_s
+        self.spans: dict[str, list[tuple[int, float, float]]] = {}
+        self.lock = threading.Lock()
+
+    def _span(self, name, key, started):
+        with self.lock:
+            self.spans.setdefault(name, []).append((key, started, time.monotonic()))
+
+    def validate(self, inputs):
+        if not isinstance(inputs, int):
+            raise BadInput("an integer")
+        return inputs
+
+    def run(self, batch):
+        return stages.run_serially(self, batch)
+
+    def collate(self, items):
+        started = time.monotonic()
+        if 666 in items:
+            raise ValueError("666 does not collate")
+        time.sleep(self.stage_s)
+        self._span("collate", items[0], started)
+        return list(items)
+
+    def to_device(self, host):
+        started = time.monotonic()
+        time.sleep(self.stage_s)
+        self._span("copy_in", host[0], started)
+        return host
+
+    def forward(self, batch):
+        started = time.monotonic()
+        time.sleep(self.compute_s)
+        self._span("compute", batch[0], started)
+        return batch
+
+    def to_host(self, outputs):
+        started = time.monotonic()
+        time.sleep(self.stage_s)
+        self._span("copy_out", outputs[0], started)
+        return outputs
+
+    def split(self, outputs):
+        return [2 * x for x in outputs]
+
+
+def serve(settings, r, model, **extra):
+    settings = settings.replace(max_batch=4, max_wait_ms=0.0, **extra)
+    executor = Executor(MODEL, model, table=Table(r), settings=settings, worker="t")
+    executor.start()
+    heartbeat = Heartbeat(executor.table, [executor], interval_s=0.1, ttl_s=2).start()
+    wait_until(lambda: executor.state == State.IDLE, 10, "IDLE")
+    return executor, heartbeat, Client(settings=settings)
+
+
+def overlapping(a, b) -> bool:
+    return a[1] < b[2] and b[1] < a[2]
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staged", "serial"])
+def test_the_next_batch_is_collated_and_copied_while_one_computes(settings, r, staging):
+    model = Sleepy()
+    executor, heartbeat, client = serve(settings, r, model, staging=staging)
+    try:
+        results = client.submit_many(MODEL, list(range(40)))
+        assert [x.get(timeout=60) for x in results] == [2 * n for n in range(40)]
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    computes = sorted(model.spans["compute"], key=lambda s: s[1])
+    staged_while = copied_out_while = 0
+    for now, following in zip(computes, computes[1:], strict=False):
+        ins = [
+            s for name in ("collate", "copy_in") for s in model.spans[name] if s[0] == following[0]
+        ]
+        outs = [s for s in model.spans["copy_out"] if s[0] == now[0]]
+        staged_while += all(overlapping(now, s) for s in ins)
+        copied_out_while += all(overlapping(following, s) for s in outs)
+    if staging:  # at saturation (a burst of ten batches), nearly every time
+        assert staged_while >= len(computes) - 3 and copied_out_while >= len(computes) - 3
+    else:  # every stage on the device thread, one after another: never
+        assert staged_while == copied_out_while == 0
+        assert len({(s[0]) for s in model.spans["compute"]}) == len(computes)
+
+
+def test_a_batch_that_does_not_collate_fails_its_bad_task_alone(settings, r):
+    """666 passes validate but breaks the collate of the batch that holds it: that batch
+    runs serially, bisected; the batch computing meanwhile is untouched."""
+    model = Sleepy(compute_s=0.2)
+    executor, heartbeat, client = serve(settings, r, model)
+    try:
+        first = client.submit_many(MODEL, [1, 2, 3, 4])
+        wait_until(lambda: "compute" in model.spans or executor.computing(), 10, "computing")
+        second = client.submit_many(MODEL, [5, 666, 7, 8])
+        assert [x.get(timeout=30) for x in first] == [2, 4, 6, 8]
+        assert second[0].get(timeout=30) == 10
+        with pytest.raises(Exception, match="666 does not collate"):
+            second[1].get(timeout=30)
+        assert [second[2].get(timeout=30), second[3].get(timeout=30)] == [14, 16]
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    assert executor.restarts == 0
+
+
+def test_a_stop_hands_the_staged_batch_back_and_frees_its_slot(settings, r, tmp_path):
+    """Stopped while batch N computes and N+1 is staged: N is stored, N+1 goes back to
+    L1 whole, and its host slot is free again."""
+    folder = write_model(tmp_path / "repo", "lin:1", {
+        "max_batch_size": 4, "max_wait_ms": 0,
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}],
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [2]}],
+        "artifact": {"factory": "model_factories:linear"},
+    })  # fmt: skip
+    model = RepoModel(load_config(folder / "config.json"), device="cpu")
+    forward, entered, go = model.forward, threading.Event(), threading.Event()
+
+    def held(batch):  # the compute of the first batch waits for the test
+        entered.set()
+        go.wait(30)
+        return forward(batch)
+
+    model.forward = held
+    settings = settings.replace(max_batch=4, max_wait_ms=0.0)
+    executor = Executor("lin:1", model, table=Table(r), settings=settings, worker="t")
+    executor.start()
+    wait_until(lambda: executor.state == State.IDLE, 10, "IDLE")
+    try:
+        with Client(settings=settings) as client:
+            first, *rest = client.submit_many("lin:1", [[float(n)] * 4 for n in range(5)])
+            assert entered.wait(10)
+            wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "N+1 claimed early")
+            wait_until(lambda: model._in_slots._free.qsize() == 0, 10, "N+1 staged")
+            stopping = threading.Thread(target=executor.stop)
+            stopping.start()
+            wait_until(lambda: executor._stop.is_set(), 10, "stopping")
+            go.set()
+            stopping.join(30)
+            assert len(first.get(timeout=10)) == 2  # N was stored
+            assert Table(r).l1_depth("lin:1") == 4  # N+1 went back, whole
+            assert not any(x.ready() for x in rest)
+    finally:
+        go.set()
+        executor.stop()
+    wait_until(lambda: model._in_slots._free.qsize() == 2, 10, "both slots free")
+
+
+class Completion:
+    """A copy that completes when the test says so."""
+
+    def __init__(self) -> None:
+        self.complete = threading.Event()
+        self.waited = False
+
+    def synchronize(self) -> None:
+        self.waited = True
+        assert self.complete.wait(10)
+
+
+def test_a_slot_is_not_taken_again_before_the_copy_that_read_it_completes():
+    slots = Slots(count=1)
+    slot = slots.take()
+    slot.tensor(0, [4], torch.float32).fill_(1.0)
+    copy = Completion()
+    slots.back(slot, copy)
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.append(slots.take()))
+    taker.start()
+    wait_until(lambda: copy.waited, 5, "the taker waits on the copy")
+    assert not taken  # still reading: not handed out
+    copy.complete.set()
+    taker.join(5)
+    assert taken == [slot] and slot.reader is None
+
+
+def test_slots_grow_to_fit_and_then_allocate_nothing():
+    slots = Slots(count=2)
+    slot = slots.take()
+    for shape in ([8, 4], [2, 4], [8, 4], [1, 1]):
+        slot.tensor(0, shape, torch.float32)
+    assert slot.grown == 1
+    slot.tensor(0, [64, 4], torch.float32)
+    assert slot.grown == 2
+
+
+# Outputs: staged, interleaved as the executor runs them, bit-identical to the old path.
+
+
+def old_path(model: RepoModel, items):
+    """Collate into fresh memory, forward, split, on one thread (the path before stages)."""
+    batch = model.collator.collate(items)
+    with torch.inference_mode():
+        outputs = model.module(*model._to_device(batch))
+    return model.collator.split(outputs, batch, len(items))
+
+
+def pipelined(model, batches):
+    """Batch N+1 staged while N computes; N+2 waits for N's slot, taken in another thread
+    while N is split, as the executor's threads do."""
+    results, ahead = [], None
+    for n, items in enumerate(batches):
+        job = ahead or stages.stage_in(model, items)
+        ahead = None
+        stages.compute(model, job)
+        if n + 1 < len(batches):
+            box: list = []
+            stager = threading.Thread(
+                target=lambda i=batches[n + 1], b=box: b.append(stages.stage_in(model, i))
+            )
+            stager.start()
+        results.append(stages.finish(model, job))
+        if n + 1 < len(batches):
+            stager.join(10)
+            ahead = box[0]
+    return results
+
+
+@pytest.fixture(scope="module")
+def repo_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stages") / "repo"
+    seq = {
+        "max_batch_size": 8, "max_wait_ms": 0, "mask": "lengths", "padding_value": 0,
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 4], "max_length": 16}],
+    }  # fmt: skip
+    write_model(root, "seq:1", {**seq, "outputs": [
+        {"name": "mean", "dtype": "float32", "shape": [4]},
+        {"name": "doubled", "dtype": "float32", "shape": [-1, 4]},
+    ], "artifact": {"factory": "model_factories:masked_mean"}})  # fmt: skip
+    write_model(root, "same:1", {**seq, "outputs": [
+        {"name": "x", "dtype": "float32", "shape": [-1, 4]},
+        {"name": "lengths", "dtype": "int64", "shape": []},
+    ], "artifact": {"factory": "model_factories:identity"}})  # fmt: skip
+    repository = Repository(root)
+    models = {ref: repository.load(ref, device="cpu") for ref in ("seq:1", "same:1")}
+    models["cnn:1"] = Repository().load("cnn:1", device="cpu")
+    return models
+
+
+lengths = st.lists(st.lists(st.integers(1, 16), min_size=1, max_size=8), min_size=1, max_size=4)
+
+
+@hsettings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(lengths, st.randoms(use_true_random=False))
+def test_staged_outputs_are_bit_identical_to_the_old_path(repo_models, shapes, rng):
+    torch.manual_seed(rng.randint(0, 2**31))
+    for ref, model in repo_models.items():
+        if ref == "cnn:1":
+            batches = [[model.validate(torch.randn(3, 32, 32)) for _ in b] for b in shapes]
+        else:
+            batches = [[model.validate(torch.randn(n, 4)) for n in b] for b in shapes]
+        expected = [old_path(model, items) for items in batches]
+        assert pipelined(model, batches) == expected, ref
+        assert [model.run(items) for items in batches] == expected, ref
+
+
+@hsettings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.lists(st.floats(-1e3, 1e3), min_size=8, max_size=8), min_size=1, max_size=6),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_the_builtin_models_stage_as_they_run(batches):
+    tiny = TinyModel(device="cpu")
+    sim = SimModel(0, 0, collate_ms=0.1, copy_ms=0.1)
+    for model in (tiny, sim):
+        valid = [[model.validate(x) for x in b] for b in batches]
+        assert pipelined(model, valid) == [model.run(b) for b in valid]
+    assert pipelined(sim, batches) == batches
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_device_staged_outputs_equal_the_old_path(repo_models):
+    """The same on a GPU: pinned slots, the copy streams and their events."""
+    root = repo_models["seq:1"].config.directory.parent.parent
+    torch.manual_seed(0)
+    for ref in ("seq:1", "same:1", "cnn:1"):
+        repository = Repository() if ref == "cnn:1" else Repository(root)
+        model = repository.load(ref, device="cuda")
+        shape = (3, 32, 32) if ref == "cnn:1" else None
+        batches = [
+            [model.validate(torch.randn(*(shape or (1 + k % 16, 4)))) for k in range(n)]
+            for n in (1, 7, model.max_batch_size, 3)
+        ]
+        assert pipelined(model, batches) == [old_path(model, b) for b in batches], ref
