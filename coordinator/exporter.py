@@ -98,6 +98,10 @@ class Collector:
                     "capacity_per_executor",
                     "Tasks/s one executor computes at the largest batch that meets the SLO.",
                 ),
+                (
+                    "device_busy_ratio",
+                    "Share of time the live executors' devices ran forward passes (10 s).",
+                ),
             )
         }
         fields_of_scale = {
@@ -106,6 +110,7 @@ class Collector:
             "executors_max": "max",
             "offered_rate": "offered_rps",
             "capacity_per_executor": "capacity_rps",
+            "device_busy_ratio": "busy",
         }
         retry = GaugeMetricFamily(
             "tandem_retry_depth",

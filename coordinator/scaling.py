@@ -19,6 +19,8 @@ is, not how many executors are needed. The signal here is demand over capacity:
   only once the demand stayed lower for the whole window; within min and max.
 
 An executor loading or warming its model has not registered yet: it adds no capacity.
+Beside the signal, the devices' busy share: the forward passes' time per second over
+LONG_WINDOW_S, per live executor.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class Reading:
     needed: int  # what the demand needs now, before the window and the bounds
     wanted: int
     running: int  # live executors
+    busy: float = 0.0  # the share of time the live executors' devices computed
 
 
 class Signal:
@@ -95,6 +98,7 @@ class Signal:
     def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
         self.settings = settings
         self.short, self.long = Rate(SHORT_WINDOW_S), Rate(LONG_WINDOW_S)
+        self.computing = Rate(LONG_WINDOW_S)  # ms of forward passes, per second
         self.capacity_rps = capacity_rps  # the last known, kept while no executor runs
         self.needs: deque[tuple[float, int]] = deque()  # (t, needed) over the down window
 
@@ -106,9 +110,11 @@ class Signal:
         waiting: int,
         executors: list[ExecutorInfo],
         slo_ms: float | None,
+        computed_ms: float = 0.0,
     ) -> Reading:
         """arrived: every task offered so far (completed + refused + waiting); waiting:
-        how many wait now; executors: the live ones."""
+        how many wait now; executors: the live ones; computed_ms: the forward passes'
+        time so far, all executors together."""
         rates = [r for r in (self.short.add(t_s, arrived), self.long.add(t_s, arrived)) if r]
         offered = max(rates, default=0.0)
         known = [c for e in executors if (c := capacity_at_slo(e, slo_ms))]
@@ -125,4 +131,6 @@ class Signal:
             self.needs.popleft()
         held = max(n for _, n in self.needs)
         wanted = min(max(held, s.scale_min_executors), s.scale_max_executors)
-        return Reading(offered, self.capacity_rps, needed, wanted, len(executors))
+        computing = self.computing.add(t_s, computed_ms) or 0.0
+        busy = min(1.0, computing / 1000 / len(executors)) if executors else 0.0
+        return Reading(offered, self.capacity_rps, needed, wanted, len(executors), busy)

@@ -215,6 +215,7 @@ class Coordinator:
                 waiting=waiting,
                 executors=live,
                 slo_ms=self.table.slo_ms(model),
+                computed_ms=counters.get("compute_ms:sum", 0.0),
             )
             self.table.publish_scale(
                 model,
@@ -224,6 +225,7 @@ class Coordinator:
                     "needed": reading.needed,
                     "wanted": reading.wanted,
                     "running": reading.running,
+                    "busy": round(reading.busy, 3),
                     "max": self.settings.scale_max_executors,
                     "at_ms": now_ms,
                 },

@@ -50,6 +50,7 @@ def snapshot(client: redis.Redis) -> dict:
                 "predicted_wait_ms": (
                     round(speeds[m].wait_ms(table.ahead(m))) if speeds[m] else None
                 ),
+                **device(table.counters(m), table.scale(m)),
             }
             for m in models
         ],
@@ -69,10 +70,28 @@ def scaling(published: dict[str, float]) -> dict:
     }
 
 
+def device(counters: dict[str, float], published: dict[str, float]) -> dict:
+    """Each stage's mean time per batch so far, ms (workers/stages.py; a model without
+    stages has compute alone), and the devices' busy share; None where unmeasured."""
+    means = {}
+    for stage in STAGES:
+        count = counters.get(f"{stage}_ms:count", 0.0)
+        means[stage] = round(counters[f"{stage}_ms:sum"] / count, 2) if count else None
+    busy = published.get("busy")
+    return {"stages_ms": means, "device_busy": None if busy is None else round(busy, 3)}
+
+
+#: The stages, in order, as the metrics name them.
+STAGES = ("collate", "copy_in", "compute", "copy_out", "split")
+
 #: What the less obvious columns mean, printed under their tables.
 QUEUE_NOTES = (
     "live: executors with a heartbeat; none: tasks with a deadline are refused, the rest wait. "
     "wait ms: the predicted wait in L1 of a task submitted now."
+)
+DEVICE_NOTES = (
+    "mean ms per batch of each stage, since the metrics began; busy: the share of the last "
+    "10 s the live executors' devices computed. A model without stages has compute alone."
 )
 FLEET_NOTES = (
     "offered/s: tasks offered, refused ones too. each/s: what one executor computes at the "
@@ -130,6 +149,17 @@ def tables(data: dict) -> Group:
                 ),
             ),
         )
+    stages = RichTable(title="device", caption=DEVICE_NOTES, caption_justify="left")
+    stages.add_column("model", overflow="fold")
+    for column in ("busy", "collate", "copy in", "compute", "copy out", "split"):
+        stages.add_column(column, no_wrap=True)
+    for q in data["queues"]:
+        busy, means = q.get("device_busy"), q.get("stages_ms", {})
+        stages.add_row(
+            escape(q["model"]),
+            _shown(None if busy is None else f"{busy:.0%}"),
+            *(_shown(means.get(stage)) for stage in STAGES),
+        )
     dead = f"dead letters: {data['dead_letters']} (see `tandem dead`)"
     if data["poison"]:
         dead += f"; {data['poison']} poison tasks waiting for the coordinator to bury them"
@@ -139,7 +169,7 @@ def tables(data: dict) -> Group:
             f"\nno live executor serves {', '.join(idle)}: start a worker, or empty a queue "
             "with `tandem purge MODEL`"
         )
-    return Group(executors, queues, fleet, escape(dead))
+    return Group(executors, queues, fleet, stages, escape(dead))
 
 
 def _shown(value: float | None) -> str:

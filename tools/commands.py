@@ -55,6 +55,7 @@ def demo(workers, rates, seconds, **flags) -> None:
             "http",
             "replicas",
             "autoscale",
+            "device",
         ]
     ),
     default="sim",
@@ -67,7 +68,8 @@ def demo(workers, rates, seconds, **flags) -> None:
     "gateway against a direct Client (latency added, CPU per request, the sim sweep); "
     "replicas: a task's latency with min_replicas 0 and 1 (a primary and one replica); "
     "autoscale: scaling policies (static, KEDA-like, Ray-like, tandem's signal) on load "
-    "traces with a cold start, worker processes started and stopped.",
+    "traces with a cold start, worker processes started and stopped; device: collate and "
+    "copies overlapped with the compute or not (sim with host-stage costs, cnn, minilm).",
 )
 @click.option(
     "--systems",
@@ -131,6 +133,10 @@ def bench(
     if profile == "autoscale":
         setup_logging("WARNING")
         _autoscale_bench(quick, churn, json_path, plot_path)
+        return
+    if profile == "device":
+        setup_logging("WARNING")
+        _device_bench(quick, json_path)
         return
     if profile == "overload":
         setup_logging("WARNING")
@@ -481,3 +487,33 @@ def _autoscale_bench(quick, churn, json_path, plot_path):
 
 def _brief(row, columns) -> str:
     return ", ".join(f"{c} {row[c]}" for c in columns[3:])
+
+
+def _device_bench(quick, json_path):
+    """sim with host-stage costs, then cnn:1 (and minilm:1), staging on and off."""
+    from rich.console import Console
+
+    from tandem.broker.extras import installed
+    from tandem.broker.settings import load_settings
+    from tandem.tools import devicebench
+    from tandem.tools.bench import rows_table
+
+    console = Console(width=160)
+    result = devicebench.main_rows(load_settings(), quick, embed=installed("embed"))
+    columns = ("collate_ms", "copy_ms", "staging", "throughput", "of_ceiling", "mean_batch",
+               "period_ms", "max_stage_ms", "sum_stages_ms")  # fmt: skip
+    console.print(rows_table("tandem bench, profile device: sim, 20 ms a batch of 32", columns,
+                             result["sim"]))  # fmt: skip
+    for line in devicebench.period_check(result["sim"]):
+        console.print(line)
+    for row in result["models"]:
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in row["shares"].items())
+        console.print(
+            f"{row['model']} {'staged' if row['staging'] else 'serial'}: "
+            f"{row['throughput']:g} tasks/s, batch {row['mean_batch']:g}; stage ms "
+            f"{row['stages_ms']}; shares: {shares}"
+        )
+    if json_path:
+        from pathlib import Path
+
+        Path(json_path).write_text(json.dumps(result, indent=1))

@@ -10,7 +10,7 @@ from typing import Any
 
 from tandem.broker.errors import ModelError
 from tandem.workers.models import Model
-from tandem.workers.stages import InFlight, compute
+from tandem.workers.stages import InFlight, compute, finish, stage_in
 
 
 def forward(model: Model, batch: list[Any]) -> tuple[list[Any], float, float | None]:
@@ -35,6 +35,22 @@ def run_isolated(model: Model, batch: list[Any]) -> list[Any]:
         mid = len(batch) // 2
         return run_isolated(model, batch[:mid]) + run_isolated(model, batch[mid:])
     return outputs
+
+
+def forward_serially(model: Model, inputs: list[Any]) -> tuple[list[Any], float, dict]:
+    """A model with stages, staging off: every stage on the device thread, one after
+    another, each timed; bisected as run_isolated if it raises. Returns the outputs, the
+    wall ms, and the stages' times (empty if it was bisected)."""
+    started = time.perf_counter()
+    try:
+        job = compute(model, stage_in(model, inputs))
+        outputs = finish(model, job)
+        if len(outputs) != len(inputs):
+            raise ModelError(f"returned {len(outputs)} outputs for {len(inputs)} inputs")
+    except Exception:  # noqa: BLE001 - isolated below, task by task
+        outputs, job = run_isolated(model, inputs), None
+    wall_ms = (time.perf_counter() - started) * 1000
+    return outputs, wall_ms, job.times if job is not None else {}
 
 
 def forward_staged(

@@ -36,7 +36,7 @@ from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
-from tandem.workers.device import forward, forward_staged
+from tandem.workers.device import forward, forward_serially, forward_staged
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model, describe, options
@@ -76,7 +76,9 @@ class Executor:
         self.options = options(model, settings)
         self.max_batch, self.max_wait_ms = self.options.max_batch, self.options.max_wait_ms
         #: Its stages run apart (workers/stages.py): only the forward pass on the device.
+        #: A model with stages and staging off runs them serially there, each timed.
         self.staged = settings.staging and staged(model)
+        self._timed = staged(model) and not self.staged
         #: A task without its own deadline must be answered within this of its submit.
         self.slo_ms = self.options.slo_ms
         #: Its compute, gap and return times, learned from its own batches.
@@ -441,6 +443,7 @@ class Executor:
         following = Batch()
         compute_ms, device_ms = 0.0, None
         learned = 0  # the batch size the latency model learns a compute of, if any
+        times: dict[str, float] = {}  # each stage's, where the serial path timed them
         failed: Exception | None = None  # the early claim's error
         job: InFlight | None = None  # staged: the outputs are the returner's to split
         if ready:
@@ -455,13 +458,17 @@ class Executor:
                 if inline:
                     computed, compute_ms, device_ms = forward(self.model, inputs)
                 else:
-                    if job is None:
+                    if self._timed:
+                        computing = self._device.submit(forward_serially, self.model, inputs)
+                    elif job is None:
                         computing = self._device.submit(forward, self.model, inputs)
                     else:
                         computing = self._device.submit(forward_staged, self.model, job, inputs)
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
-                    if job is None:
+                    if self._timed:
+                        computed, compute_ms, times = computing.result()
+                    elif job is None:
                         computed, compute_ms, device_ms = computing.result()
                     else:
                         job, computed, compute_ms, device_ms = computing.result()
@@ -485,8 +492,8 @@ class Executor:
         done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
         if job is not None:
             done.pending = (job, ready)
-        elif ready:
-            done.stages["compute"] = compute_ms  # the serial path: every stage in it
+        elif ready:  # the serial path: its compute holds every stage
+            done.stages = {**times, "compute": times.get("compute", compute_ms)}
         if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
         if self._untold is not None:
