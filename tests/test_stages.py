@@ -5,6 +5,7 @@ about the executor; the models' own stages where it is about outputs."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -324,3 +325,41 @@ def test_on_the_device_staged_outputs_equal_the_old_path(repo_models):
             for n in (1, 7, model.max_batch_size, 3)
         ]
         assert pipelined(model, batches) == [old_path(model, b) for b in batches], ref
+
+
+def test_stage_times_and_the_busy_share_reach_prometheus_and_status(processes, settings):
+    """A real worker on sim with host-stage costs under a backlog, a real coordinator."""
+    from test_cli import tandem
+    from test_operations import _scrapes, scrape, value
+
+    from tandem.server import free_port
+
+    port = free_port()
+    processes.coordinator(metrics_port=port)
+    processes.worker(
+        "w1", sim_base_ms=40.0, sim_per_item_ms=0.0, sim_collate_ms=5.0, sim_copy_ms=5.0
+    )
+    wait_until(lambda: _scrapes(port), 30, "the metrics endpoint")
+    with Client(settings=settings) as client:
+        results = client.submit_many("sim:1", [[n] for n in range(32 * 12)])
+        assert [x.get(timeout=60) for x in results] == [[n] for n in range(32 * 12)]
+
+    def measured():
+        samples = scrape(port)
+        counts = [value(samples, f"tandem_{s}_ms_count", model="sim:1") for s in STAGE_NAMES]
+        busy = value(samples, "tandem_device_busy_ratio", model="sim:1")
+        return samples if all(counts) and busy > 0 else None
+
+    samples = wait_until(measured, 20, "stage histograms and the busy share")
+    copies = value(samples, "tandem_copy_in_ms_sum", model="sim:1")
+    assert copies >= 5 * value(samples, "tandem_copy_in_ms_count", model="sim:1")
+    assert 0 < value(samples, "tandem_device_busy_ratio", model="sim:1") <= 1
+    done = tandem("status", "--json", redis_url=settings.redis_url)
+    (queue,) = json.loads(done.stdout)["queues"]
+    assert queue["stages_ms"]["copy_in"] == 5.0 and queue["stages_ms"]["compute"] >= 40
+    assert 0 < queue["device_busy"] <= 1
+    shown = tandem("status", redis_url=settings.redis_url).stdout
+    assert "device" in shown and "copy in" in shown
+
+
+STAGE_NAMES = ("collate", "copy_in", "compute", "copy_out", "split")
