@@ -340,9 +340,6 @@ def test_stage_times_and_the_busy_share_reach_prometheus_and_status(processes, s
         "w1", sim_base_ms=40.0, sim_per_item_ms=0.0, sim_collate_ms=5.0, sim_copy_ms=5.0
     )
     wait_until(lambda: _scrapes(port), 30, "the metrics endpoint")
-    with Client(settings=settings) as client:
-        results = client.submit_many("sim:1", [[n] for n in range(32 * 12)])
-        assert [x.get(timeout=60) for x in results] == [[n] for n in range(32 * 12)]
 
     def measured():
         samples = scrape(port)
@@ -350,7 +347,13 @@ def test_stage_times_and_the_busy_share_reach_prometheus_and_status(processes, s
         busy = value(samples, "tandem_device_busy_ratio", model="sim:1")
         return samples if all(counts) and busy > 0 else None
 
-    samples = wait_until(measured, 20, "stage histograms and the busy share")
+    def loaded():  # a backlog of four batches at a time, until the coordinator saw it
+        results = client.submit_many("sim:1", [[n] for n in range(32 * 4)])
+        assert [x.get(timeout=60) for x in results] == [[n] for n in range(32 * 4)]
+        return measured()
+
+    with Client(settings=settings) as client:
+        samples = wait_until(loaded, 30, "stage histograms and the busy share")
     copies = value(samples, "tandem_copy_in_ms_sum", model="sim:1")
     assert copies >= 5 * value(samples, "tandem_copy_in_ms_count", model="sim:1")
     assert 0 < value(samples, "tandem_device_busy_ratio", model="sim:1") <= 1
