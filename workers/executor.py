@@ -6,6 +6,9 @@ Three stages, one thread each, at most one batch in each:
   computes, and tops N+1 up from L1 when N ends (the patent's pair of second-level sets);
 - compute (the device thread, device.py): one forward pass;
 - return (the returner thread, returner.py): store batch N's results while N+1 computes.
+For a model with stages (stages.py), N+1 is also collated and copied in on the executor
+thread, and N's outputs copied out and split on the returner: the device thread holds
+the forward pass alone.
 This module is the state machine around them, and the life cycle.
 
 Redis's in-flight list is the truth. After a Redis error the executor hands what
