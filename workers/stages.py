@@ -25,12 +25,20 @@ from typing import Any
 NAMES = ("collate", "copy_in", "compute", "copy_out", "split")
 
 
-def staged(model: Any) -> bool:
-    """Whether the model offers every stage."""
-    return all(callable(getattr(model, name, None)) for name in STAGE_METHODS)
-
-
 STAGE_METHODS = ("collate", "to_device", "forward", "to_host", "split")
+
+
+def staged(model: Any) -> bool:
+    """Whether the model offers every stage, and its run() is theirs: a subclass that
+    defines a run() of its own (over a model with stages) means that run to be called."""
+    if not all(callable(getattr(model, name, None)) for name in STAGE_METHODS):
+        return False
+    mro = type(model).__mro__
+
+    def owner(name: str) -> int:  # how far down the class tree `name` is defined
+        return next((n for n, cls in enumerate(mro) if name in vars(cls)), len(mro))
+
+    return owner("run") >= min(owner(name) for name in STAGE_METHODS)
 
 
 @dataclass
