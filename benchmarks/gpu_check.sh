@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The pipeline on a GPU, in a few minutes: one worker with minilm:1 on cuda; for batches of
-# 1, 32 and 128, throughput and the device-busy share, with and without the pipeline.
+# The stages on a GPU, in a few minutes: minilm:1 and cnn:1 on cuda at max batches of 1, 32
+# and 128, one worker at saturation with staging on and off: throughput, each stage's time,
+# the device's busy share and idle gap; the copy bandwidth from a reused pinned slot, from
+# memory pinned per batch and from pageable memory; staged outputs against the serial path's.
 #   bash benchmarks/gpu_check.sh [extra args for tools/gpu_check.py]   (needs the [embed] extra)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -107,13 +107,22 @@ def encode(
         f'"eta":null,"expires":{_quote(expires.isoformat()) if expires else "null"},'
         f'"group":null,"group_index":null,"retries":0,"timelimit":[null,null],'
         f'"root_id":{quoted_id},"parent_id":null,"argsrepr":"()","kwargsrepr":{kwargsrepr},'
-        f'"origin":"tandem","ignore_result":false,"tandem_sent_at":{sent_at!r}}},'
+        f'"origin":"tandem","ignore_result":false,"replaced_task_nesting":0,'
+        f'"stamped_headers":null,"stamps":{{}},"tandem_sent_at":{sent_at!r}}},'
         f'"properties":{{"correlation_id":{quoted_id},"reply_to":"","delivery_mode":2,'
         f'"delivery_info":{{"exchange":"","routing_key":{quoted_queue}}},'
-        f'"priority":{int(priority)},"body_encoding":"base64",'
+        f'"priority":{int(priority)},{_expiration(expires, sent_at)}"body_encoding":"base64",'
         f'"delivery_tag":"{new_uuid()}"}}}}'
     )
     return task_id, envelope
+
+
+def _expiration(expires: datetime | None, now: float) -> str:
+    """Celery's `expiration` property (ms left, a string as kombu writes it) with its
+    comma, as send_task writes it for a task that expires; nothing for one that does not."""
+    if expires is None:
+        return ""
+    return f'"expiration":"{max(0, round((expires.timestamp() - now) * 1000))}",'
 
 
 #: Random UUIDs are made UUID_BATCH at a time, from one os.urandom call: a submit needs

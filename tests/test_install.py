@@ -41,6 +41,7 @@ EXTRA_FILES = {
     "tools/overload.py": "bench",
     "tools/autoscale.py": "bench",
     "tools/devicebench.py": "bench",
+    "tools/gpu_check.py": "embed",  # torch, and minilm:1
     "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",

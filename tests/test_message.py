@@ -98,6 +98,9 @@ def reference_envelope(model, inputs, queue, task_id, priority, expires, sent_at
             "kwargsrepr": f"{{'model': {model!r}, 'inputs': ...}}",
             "origin": "tandem",
             "ignore_result": False,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
             "tandem_sent_at": sent_at,
         },
         "properties": {
@@ -106,6 +109,11 @@ def reference_envelope(model, inputs, queue, task_id, priority, expires, sent_at
             "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": priority,
+            **(
+                {"expiration": str(max(0, round((expires.timestamp() - sent_at) * 1000)))}
+                if expires
+                else {}
+            ),
             "body_encoding": "base64",
             "delivery_tag": tag,
         },
@@ -180,3 +188,42 @@ def test_new_uuids_are_never_shared_across_threads_or_a_fork():
         thread.join()
     made = [text for mine in taken for text in mine]
     assert len(set(made)) == len(made) == 8000
+
+
+def test_the_envelope_is_the_one_celery_itself_publishes(settings, r):
+    """Celery's own send_task (as_task_v2, kombu's Redis transport) writes a message into
+    a real Redis list; tandem's encode, for the same task, writes the same envelope: the
+    same keys at every level, the same values but for those that name the sender or are
+    new per message, and a body that decodes to the same (args, kwargs, embed)."""
+    from helpers import plain_celery
+
+    expires = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=5)
+    queue = "tandem.envelope.check"
+    kwargs = {"model": "sim:1", "inputs": [[1.5, -2], {"a": [3]}]}
+    plain_celery(settings).send_task(
+        message.TASK_NAME, kwargs=kwargs, queue=queue, task_id="id-1", expires=expires
+    )
+    celery = json.loads(r.lindex(queue, 0))
+    _, written = message.encode(
+        "sim:1", kwargs["inputs"], queue=queue, task_id="id-1", expires=expires
+    )
+    ours = json.loads(written)
+    assert ours.keys() == celery.keys()
+    extra = {"tandem_sent_at"}  # tandem's own header: the send time, for the SLO
+    assert ours["headers"].keys() - extra == celery["headers"].keys()
+    assert ours["properties"].keys() == celery["properties"].keys()
+    sender = {"origin", "argsrepr", "kwargsrepr", "ignore_result"}
+    for name, value in celery["headers"].items():
+        if name not in sender:
+            assert ours["headers"][name] == value, name
+    fresh = {"delivery_tag", "reply_to", "expiration"}  # reply_to: the sending app's id
+    for name, value in celery["properties"].items():
+        if name not in fresh:
+            assert ours["properties"][name] == value, name
+    # ms left until it expires, as each sender counted them when it sent
+    left = [int(m["properties"]["expiration"]) for m in (ours, celery)]
+    assert abs(left[0] - left[1]) < 5000
+    for name in ("content-type", "content-encoding"):
+        assert ours[name] == celery[name]
+    body = [json.loads(base64.b64decode(m["body"])) for m in (ours, celery)]
+    assert body[0] == body[1]

@@ -116,7 +116,7 @@ def model_rows(settings: Settings, quick: bool, embed: bool) -> list[dict[str, A
     rows = []
     count = 256 if quick else 1024
     torch.manual_seed(0)
-    images = [torch.randn(3, 32, 32).tolist() for _ in range(64)]
+    images = [torch.randn(3, 32, 32) for _ in range(64)]  # the binary tensor payload
     plans = [("cnn:1", [images[n % 64] for n in range(count)])]
     if embed:
         text = "the quick brown fox jumps over a lazy dog while tandem batches it"
