@@ -207,3 +207,26 @@ def test_a_second_ctrl_c_on_a_worker_hands_back_at_once_and_loses_nothing(proces
         assert "terminated; handed" in text and "Traceback" not in text, text[-3000:]
         processes.worker("w2", idle=False)  # every task is answered, by the next worker
         assert [r.get(timeout=60) for r in results] == [[n] for n in range(2000)]
+
+
+def test_a_worker_stopped_while_it_loads_its_model_exits_cleanly(settings, tmp_path):
+    """A scale-in that changed its mind: SIGTERM during the model's load (a cold start)
+    ends the worker at once with 0, holding nothing, never registered."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "TANDEM_REDIS_URL": settings.redis_url, "TANDEM_SIM_LOAD_S": "120"}
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", "worker"], env=env, stdout=out, stderr=out
+        )
+    try:
+        wait_until(lambda: "loading sim:1" in log.read_text(), 60, "the load under way")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0, log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert "stopped while loading its models" in log.read_text()
+    assert not redis.Redis.from_url(settings.redis_url).smembers(keys.executors("sim:1"))

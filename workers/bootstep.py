@@ -154,10 +154,16 @@ def load_models(settings: Settings) -> dict[str, Model]:
     pick_device(settings.device)
     models: dict[str, Model] = {}
     for requested in settings.models:
+        log.info("loading %s", requested)
         ref, model = load_model(requested, settings)
         models[ref] = model
         log.info("loaded %s as %s: %r", requested, ref, model)
     return models
+
+
+def _stopped_loading(signum, frame) -> None:
+    log.info("stopped while loading its models: it held no task")
+    raise SystemExit(0)
 
 
 #: The worker process's GIL switch interval (sys.setswitchinterval).
@@ -173,6 +179,9 @@ def run_worker(settings: Settings) -> None:
     # or decodes: a shorter slice than CPython's 5 ms lets it hand the device its next
     # batch sooner (tandem bench --profile device).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # Stopped while it loads its models (a scale-in that changed its mind): it holds no
+    # task yet, so it exits at once, and cleanly. Celery installs its own handlers after.
+    signal.signal(signal.SIGTERM, _stopped_loading)
     models = load_models(settings)
     app = make_app(settings)
     app.tandem_models = models
