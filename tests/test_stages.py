@@ -397,3 +397,23 @@ def test_a_subclass_with_a_run_of_its_own_is_run_not_staged():
     assert stages.staged(SimModel()) and stages.staged(Sleepy()) and stages.staged(TinyModel())
     assert not stages.staged(Counting())
     assert not stages.staged(object())
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staged", "serial"])
+def test_the_latency_model_still_predicts_what_the_caller_waits_for(settings, r, staging):
+    """At low load every stage is on the task's path, staged or not: the executor's
+    predicted finish for a batch of one covers the time from its claim to its result."""
+    model = Sleepy(stage_s=0.03, compute_s=0.06)
+    executor, heartbeat, client = serve(settings, r, model, staging=staging)
+    waited = []
+    try:
+        for n in range(6):
+            wait_until(lambda: executor.state == State.IDLE, 10, "IDLE")
+            started = time.monotonic()
+            assert client.submit(MODEL, n).get(timeout=10) == 2 * n
+            waited.append((time.monotonic() - started) * 1000)
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    # collate, copy in, compute and copy out: 150 ms of sleeps, on the task's path
+    assert min(waited) >= 150
+    assert executor.latency.finish_ms(1) >= sorted(waited)[len(waited) // 2] * 0.9
