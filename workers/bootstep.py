@@ -166,19 +166,11 @@ def _stopped_loading(signum, frame) -> None:
     raise SystemExit(0)
 
 
-#: The worker process's GIL switch interval (sys.setswitchinterval).
-SWITCH_INTERVAL_S = 0.001
-
-
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
     import tandem.workers.control  # noqa: F401 - registers tandem's remote control commands
     from tandem.broker.app import CONTROL_QUEUE, make_app, worker_argv
 
-    # A device thread whose compute ended waits for the GIL while another thread collates
-    # or decodes: a shorter slice than CPython's 5 ms lets it hand the device its next
-    # batch sooner (tandem bench --profile device).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     # Stopped while it loads its models (a scale-in that changed its mind): it holds no
     # task yet, so it exits at once, and cleanly. Celery installs its own handlers after.
     signal.signal(signal.SIGTERM, _stopped_loading)
