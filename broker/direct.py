@@ -3,8 +3,8 @@ route, an executor's wait on its L2 and its store).
 
 Through the client, each call also passes redis-py's per-command layers: the pool's
 checkout (a lock, a poll for stray bytes, its observability hooks), the retry wrapper
-and the script object's own checks. After an idle spell that code runs cold, which cost
-~0.1-0.2 ms per call here (BENCHMARKS.md, "Direct calls"). A direct call sends
+and the script object's own checks. After an idle spell that code runs cold, on the
+path of every task at low load. A direct call sends
 the packed command and reads the reply, with the same connection class, parser and
 options as the client's pool (TLS, Sentinel, RESP).
 
@@ -73,7 +73,7 @@ class DirectCalls:
         first. Redis writes its replies last-queued-first at the end of each event loop
         round, so a PING sent just before the script (one write, two replies) queues this
         caller's reply ahead of the subscriber's: the subscriber is written to, and wakes,
-        before this caller does (BENCHMARKS.md, "Who hears first").
+        before this caller does.
         same: how many of the leading keys and args come back unchanged from call to call
         (a model's keys, say): they are packed once and kept (see _pack).
         then: a command sent in the same write after the script (a WAIT for replicas, on
@@ -164,8 +164,7 @@ class DirectCalls:
 
     def _pack(self, connection, args: tuple, lead: int) -> list:
         """connection.pack_command(*args), with the first `lead` arguments packed once and
-        kept: packing runs cold on an idle path, where each argument costs ~1.5 us
-        (BENCHMARKS.md, "RESP2, arguments packed once"). The rest are packed here, as
+        kept, since packing runs cold on an idle path. The rest are packed here, as
         redis-py packs them, in one loop rather than its three functions per argument;
         any other type, or a value past redis-py's buffer cutoff (which it sends as a
         chunk of its own), goes through pack_command, after a placeholder (pack_command
