@@ -479,7 +479,8 @@ def stack_options(f):
 @click.option(
     "--min-workers",
     type=int,
-    help="With --max-workers: follow the scaling signal between these (see README, Scaling).",
+    help="With --max-workers: follow the scaling signal between these "
+    "(see docs/operating.md, Scaling).",
 )
 @click.option("--max-workers", type=int, help="The most workers the stack scales out to.")
 def up(workers, min_workers, max_workers, **flags) -> None:

@@ -96,7 +96,7 @@ DEVICE_NOTES = (
 FLEET_NOTES = (
     "offered/s: tasks offered, refused ones too. each/s: what one executor computes at the "
     "largest batch that meets the SLO; all/s: the live executors at full batches. wanted: "
-    "executors the demand wants (the coordinator's signal; see README, Scaling)."
+    "executors the demand wants (the coordinator's signal; see docs/operating.md, Scaling)."
 )
 
 

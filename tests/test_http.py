@@ -434,8 +434,9 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_the_readme_examples_run_as_written(minilm):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### From any HTTP client", 1)[1].split("\n### ", 1)[0]
+    root = Path(__file__).resolve().parent.parent
+    guide = (root / "docs" / "guide.md").read_text()
+    section = guide.split("## From any HTTP client", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(bash|python)\n(.*?)```", section, flags=re.S)
     here = minilm.removeprefix("http://")
     curls = [b.replace("\\\n", " ") for kind, b in blocks if kind == "bash" and "curl" in b]
@@ -445,6 +446,15 @@ def test_the_readme_examples_run_as_written(minilm):
     )
     (out,) = json.loads(done.stdout)["outputs"]
     assert out["shape"] == [2, 3] and out["data"] == [1, 2, 3, 4, 5, 6]
+    # The README's tour has its own curl: one item of three.
+    tour = (root / "README.md").read_text().split("## A short tour", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", tour, flags=re.S)
+    (curl,) = [ln for ln in block.replace("\\\n", " ").splitlines() if ln.startswith("curl")]
+    done = subprocess.run(
+        curl.replace("localhost:8000", here), shell=True, capture_output=True, text=True
+    )
+    (out,) = json.loads(done.stdout)["outputs"]
+    assert out["shape"] == [1, 3] and out["data"] == [1, 2, 3]
     triton, embeddings = [b.replace("localhost:8000", here) for k, b in blocks if k == "python"]
     scope: dict = {}
     exec(triton, scope)

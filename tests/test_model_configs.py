@@ -166,15 +166,15 @@ class TwoLogits(torch.nn.Module):
 
 
 def test_the_readme_config_example_loads_as_written(tmp_path):
-    """The README's config.json, with a TorchScript model of that signature, passes every
+    """docs/models.md's config.json, with a TorchScript model of that signature, passes every
     check (keys, warm-up outputs) and serves."""
     import re
 
     from tandem.workers.models.loading import RepoModel
     from tandem.workers.models.spec import load_config
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (example,) = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    models = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    (example,) = re.findall(r"```json\n(.*?)```", models, flags=re.S)
     folder = tmp_path / "clf" / "1"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(example)

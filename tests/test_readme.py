@@ -25,6 +25,9 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+#: The pages the README hands on to, whose blocks and tables the tests hold too.
+PAGES = ("guide", "models", "operating", "guarantees")
+DOCS = "\n".join([README, *((ROOT / "docs" / f"{page}.md").read_text() for page in PAGES)])
 #: Every `tandem` subcommand: its own and those the tools plug in (entry points).
 COMMANDS = {
     name: main.get_command(click.Context(main), name)
@@ -67,16 +70,16 @@ def named_commands(text: str) -> dict[str, set[str]]:
 
 
 def test_the_readme_names_every_command_it_has():
-    named = named_commands(README)
+    named = named_commands(DOCS)
     assert {"up", "demo", "worker", "coordinator", "submit", "status", "models", "bench"} <= set(
         named
     )
     assert set(named) == set(COMMANDS), "README and CLI disagree on the commands"
 
 
-@pytest.mark.parametrize("sub", sorted(named_commands(README)))
+@pytest.mark.parametrize("sub", sorted(named_commands(DOCS)))
 def test_every_command_and_flag_the_readme_names_exists(sub):
-    flags = named_commands(README)[sub]
+    flags = named_commands(DOCS)[sub]
     assert sub in COMMANDS, f"the README names `tandem {sub}`, which does not exist"
     command = COMMANDS[sub]
     known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
@@ -94,7 +97,7 @@ def test_the_installed_command_answers_help():
 
 def test_the_readme_blocks_run_against_a_stack(processes, settings):
     processes.worker("w1")
-    runnable = [w for w in block_commands(README) if w[1] in RUNNABLE and "--watch" not in w]
+    runnable = [w for w in block_commands(DOCS) if w[1] in RUNNABLE and "--watch" not in w]
     assert ["tandem", "submit", "sim:1", "[1, 2]"] in runnable
     for words in runnable:
         done = tandem(*words[1:], redis_url=settings.redis_url, timeout=120)
@@ -137,11 +140,11 @@ def test_every_link_in_the_repository_docs_stays_inside_it():
                     assert ROOT in resolved.resolve().parents or resolved.resolve() == ROOT
 
 
-def python_blocks(*sections: str) -> list[str]:
-    """The python blocks of these README sections (### headings), in order."""
+def python_blocks(*sections: str, text: str = DOCS) -> list[str]:
+    """The python blocks of these sections (## headings), in order."""
     out = []
     for heading in sections:
-        section = README.split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+        section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
         out += re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return out
 
@@ -153,9 +156,7 @@ def test_the_python_and_celery_blocks_run_as_written_against_up(tmp_path):
     (tmp_path / "docs").symlink_to(ROOT / "docs")  # the README's paths, from this folder
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     up, _ = start_up(tmp_path, "--workers", "1")
-    (start_worker,) = [
-        b.strip() for b in code_blocks(README) if b.strip().startswith("PYTHONPATH=")
-    ]
+    (start_worker,) = [b.strip() for b in code_blocks(DOCS) if b.strip().startswith("PYTHONPATH=")]
     worker = subprocess.Popen(
         start_worker + " --pool solo --loglevel WARNING",
         shell=True,
@@ -185,6 +186,18 @@ print("all ran")
             timeout=120,
         )
         assert done.returncode == 0 and "all ran" in done.stdout, done.stdout + done.stderr
+        tour = python_blocks("A short tour", text=README)  # the README's own, shorter
+        assert len(tour) == 2
+        done = subprocess.run(
+            [sys.executable, "-c", "\n".join(tour)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "[0.1, 0.2, 0.3]" in done.stdout and done.stdout.rstrip().endswith("[1]")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(30)
@@ -197,7 +210,7 @@ def test_the_settings_table_lists_every_setting():
 
     from tandem.broker.settings import Settings
 
-    table = README.split("### Settings\n", 1)[1].split("\n## ", 1)[0]
+    table = DOCS.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     missing = [
         f"TANDEM_{f.name.upper()}"
         for f in dataclasses.fields(Settings)
