@@ -205,7 +205,7 @@ def test_the_image_copies_every_folder_the_package_maps():
 
 
 def test_the_readme_snippet_for_your_own_models_fits_a_worker(compose):
-    """README, "Your own models": the lines to add to x-worker mount a repository and
+    """docs/operating.md, "Your own models": the lines to add to x-worker mount a repository and
     point TANDEM_REPOSITORY at it, with settings tandem has."""
     import dataclasses
     import re
@@ -213,8 +213,8 @@ def test_the_readme_snippet_for_your_own_models_fits_a_worker(compose):
 
     from tandem.broker.settings import Settings
 
-    readme = (COMPOSE.parent / "README.md").read_text()
-    section = readme.split("**Your own models.**", 1)[1].split("**One worker per GPU", 1)[0]
+    operating = (COMPOSE.parent / "docs" / "operating.md").read_text()
+    section = operating.split("**Your own models.**", 1)[1].split("**One worker per GPU", 1)[0]
     (snippet,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
     extra = yaml.safe_load(textwrap.dedent(snippet))
     worker = {**compose["services"]["worker-0"], **extra}

@@ -168,8 +168,8 @@ def test_keda_scales_the_worker_deployment_on_the_executors_wanted():
     assert trigger["metadata"]["query"] == f'max(tandem_executors_wanted{{model="{model}"}})'
     behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0  # up at once
-    readme = (COMPOSE.parent / "README.md").read_text()
-    assert trigger["metadata"]["query"] in readme
+    operating = (COMPOSE.parent / "docs" / "operating.md").read_text()
+    assert trigger["metadata"]["query"] in operating
 
 
 def test_prometheus_scrapes_the_coordinator_flower_and_the_gateway():
