@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.broker.errors import ModelError
@@ -13,12 +14,23 @@ from tandem.workers.models import Model
 from tandem.workers.stages import InFlight, compute, finish, stage_in
 
 
-def forward(model: Model, batch: list[Any]) -> tuple[list[Any], float, float | None]:
-    """The outputs, the wall ms, and the model's own GPU ms (CUDA events), if it has one."""
+@dataclass
+class Pass:
+    """A batch's forward pass, as the executor hears of it."""
+
+    outputs: list[Any] | None  # one per task (a ModelError where it failed); None if staged
+    wall_ms: float
+    device_ms: float | None = None  # the model's own GPU time (CUDA events), if measured
+    staged: InFlight | None = None  # a staged batch: its outputs are still to split
+    times: dict[str, float] = field(default_factory=dict)  # each stage's ms, where timed
+
+
+def forward(model: Model, batch: list[Any]) -> Pass:
+    """run() on the batch, bisected if it raises (run_isolated)."""
     started = time.perf_counter()
     outputs = run_isolated(model, batch)
     wall_ms = (time.perf_counter() - started) * 1000
-    return outputs, wall_ms, getattr(model, "last_device_ms", None)
+    return Pass(outputs, wall_ms, getattr(model, "last_device_ms", None))
 
 
 def run_isolated(model: Model, batch: list[Any]) -> list[Any]:
@@ -37,10 +49,9 @@ def run_isolated(model: Model, batch: list[Any]) -> list[Any]:
     return outputs
 
 
-def forward_serially(model: Model, inputs: list[Any]) -> tuple[list[Any], float, dict]:
+def forward_serially(model: Model, inputs: list[Any]) -> Pass:
     """A model with stages, staging off: every stage on the device thread, one after
-    another, each timed; bisected as run_isolated if it raises. Returns the outputs, the
-    wall ms, and the stages' times (empty if it was bisected)."""
+    another, each timed; bisected as run_isolated if it raises (then untimed)."""
     started = time.perf_counter()
     try:
         job = compute(model, stage_in(model, inputs))
@@ -50,19 +61,17 @@ def forward_serially(model: Model, inputs: list[Any]) -> tuple[list[Any], float,
     except Exception:  # noqa: BLE001 - isolated below, task by task
         outputs, job = run_isolated(model, inputs), None
     wall_ms = (time.perf_counter() - started) * 1000
-    return outputs, wall_ms, job.times if job is not None else {}
+    return Pass(outputs, wall_ms, times=job.times if job is not None else {})
 
 
-def forward_staged(
-    model: Model, staged: InFlight, inputs: list[Any]
-) -> tuple[InFlight | None, list[Any] | None, float, float | None]:
+def forward_staged(model: Model, staged: InFlight, inputs: list[Any]) -> Pass:
     """The forward pass of a staged batch, its outputs left on the device for the
-    returner to copy out and split: (the batch, None, wall ms, GPU ms). If it raises,
-    the batch is run again serially, bisected (run_isolated): (None, outputs, ms, None)."""
+    returner to copy out and split. If it raises, the batch is run again serially,
+    bisected (run_isolated)."""
     try:
         compute(model, staged)
     except Exception:  # noqa: BLE001 - isolated below, task by task
         staged.done()
-        outputs, wall_ms, _ = forward(model, inputs)
-        return None, outputs, wall_ms, None
-    return staged, None, staged.times["compute"], staged.times.get("device")
+        return forward(model, inputs)
+    times = staged.times
+    return Pass(None, times["compute"], times.get("device"), staged=staged)

@@ -39,7 +39,7 @@ from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.computed import Computed
-from tandem.workers.device import forward, forward_serially, forward_staged
+from tandem.workers.device import Pass, forward, forward_serially, forward_staged
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
 from tandem.workers.models import Model, describe, options
@@ -444,44 +444,35 @@ class Executor:
         outputs: dict[int, Any] = {}
         started_at = time.time()
         following = Batch()
-        compute_ms, device_ms = 0.0, None
         learned = 0  # the batch size the latency model learns a compute of, if any
-        times: dict[str, float] = {}  # each stage's, where the serial path timed them
         failed: Exception | None = None  # the early claim's error
-        job: InFlight | None = None  # staged: the outputs are the returner's to split
+        ran = Pass([], 0.0)
         if ready:
             inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
-            if self.staged and not inline:
-                job = self._stage(batch.staged, live, inputs)
+            job = self._stage(batch.staged, live, inputs) if self.staged and not inline else None
             began = time.monotonic()
             if self._last_end is not None:
                 self.latency.observe_gap((began - self._last_end) * 1000)
             self._computing = (live, started_at, began)
             try:
                 if inline:
-                    computed, compute_ms, device_ms = forward(self.model, inputs)
+                    ran = forward(self.model, inputs)
                 else:
-                    if self._timed:
-                        computing = self._device.submit(forward_serially, self.model, inputs)
-                    elif job is None:
-                        computing = self._device.submit(forward, self.model, inputs)
-                    else:
+                    if job is not None:
                         computing = self._device.submit(forward_staged, self.model, job, inputs)
+                    else:
+                        way = forward_serially if self._timed else forward
+                        computing = self._device.submit(way, self.model, inputs)
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
-                    if self._timed:
-                        computed, compute_ms, times = computing.result()
-                    elif job is None:
-                        computed, compute_ms, device_ms = computing.result()
-                    else:
-                        job, computed, compute_ms, device_ms = computing.result()
+                    ran = computing.result()
             finally:
                 self._computing = None
             self._last_end = time.monotonic()
-            if job is not None:
+            if ran.staged is not None:
                 learned = len(ready)
             else:
-                for n, out in zip(ready, computed, strict=True):
+                for n, out in zip(ready, ran.outputs, strict=True):
                     if isinstance(out, ModelError):
                         tasks[n].error = out
                     else:
@@ -492,11 +483,12 @@ class Executor:
             self._last_end = None  # nothing computed: the next gap is not one compute's
             if batch.staged is not None:
                 batch.staged.done()
-        done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=device_ms)
-        if job is not None:
-            done.pending = (job, ready)
+        compute_ms = ran.wall_ms
+        done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=ran.device_ms)
+        if ran.staged is not None:  # the returner copies its outputs out and splits them
+            done.pending = (ran.staged, ready)
         elif ready:  # the serial path: its compute holds every stage
-            done.stages = {**times, "compute": times.get("compute", compute_ms)}
+            done.stages = {**ran.times, "compute": ran.times.get("compute", compute_ms)}
         if woke:  # low load: the results go out first; the learning and bookkeeping after
             self._returner.store_now(done)
         if self._untold is not None:
