@@ -25,16 +25,14 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
+
 from tandem.broker import fastjson, payload
 from tandem.broker.errors import BadArgument, BadInput, DeadlineExceeded, TandemError
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"
 ACCEPTED = (JSON, payload.CONTENT_TYPE)
-#: A string as json.dumps writes it (one C call, where json.dumps makes two Python ones).
-_quote = json.encoder.encode_basestring_ascii
-#: As they stand in an envelope.
-_TASK_NAME, _JSON_TYPE, _BINARY_TYPE = map(_quote, (TASK_NAME, JSON, payload.CONTENT_TYPE))
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 #: infer(model, inputs): how positional arguments bind.
 PARAMETERS = ("model", "inputs")
@@ -94,35 +92,51 @@ def encode(
     task_id = task_id or new_uuid()
     triple = [[], {"model": model, "inputs": inputs}, _EMBED]
     body = payload.dumps(triple) if binary else _BODY_JSON(triple).encode()
-    quoted_id = _quote(task_id)
     sent_at = time.time()
-    kwargsrepr, quoted_queue = _quoted(model, queue)
-    # The kombu envelope, written out directly (on every submit's path): the same JSON as
-    # json.dumps of the nested dicts with separators (",", ":"), keys in this order.
-    envelope = (
-        f'{{"body":"{binascii.b2a_base64(body, newline=False).decode()}",'
-        f'"content-encoding":"{"binary" if binary else "utf-8"}",'
-        f'"content-type":{_BINARY_TYPE if binary else _JSON_TYPE},'
-        f'"headers":{{"lang":"py","task":{_TASK_NAME},"id":{quoted_id},"shadow":null,'
-        f'"eta":null,"expires":{_quote(expires.isoformat()) if expires else "null"},'
-        f'"group":null,"group_index":null,"retries":0,"timelimit":[null,null],'
-        f'"root_id":{quoted_id},"parent_id":null,"argsrepr":"()","kwargsrepr":{kwargsrepr},'
-        f'"origin":"tandem","ignore_result":false,"replaced_task_nesting":0,'
-        f'"stamped_headers":null,"stamps":{{}},"tandem_sent_at":{sent_at!r}}},'
-        f'"properties":{{"correlation_id":{quoted_id},"reply_to":"","delivery_mode":2,'
-        f'"delivery_info":{{"exchange":"","routing_key":{quoted_queue}}},'
-        f'"priority":{int(priority)},{_expiration(expires, sent_at)}"body_encoding":"base64",'
-        f'"delivery_tag":"{new_uuid()}"}}}}'
-    )
-    return task_id, envelope
-
-
-def _expiration(expires: datetime | None, now: float) -> str:
-    """Celery's `expiration` property (ms left, a string as kombu writes it) with its
-    comma, as send_task writes it for a task that expires; nothing for one that does not."""
-    if expires is None:
-        return ""
-    return f'"expiration":"{max(0, round((expires.timestamp() - now) * 1000))}",'
+    properties = {
+        "correlation_id": task_id,
+        "reply_to": "",
+        "delivery_mode": 2,
+        "delivery_info": {"exchange": "", "routing_key": queue},
+        "priority": int(priority),
+    }
+    if expires is not None:  # ms left, a string, as send_task writes it
+        properties["expiration"] = str(max(0, round((expires.timestamp() - sent_at) * 1000)))
+    properties["body_encoding"] = "base64"
+    properties["delivery_tag"] = new_uuid()
+    # Keys in the order Celery's as_task_v2 and kombu's Redis transport write them.
+    envelope = {
+        "body": binascii.b2a_base64(body, newline=False).decode(),
+        "content-encoding": "binary" if binary else "utf-8",
+        "content-type": payload.CONTENT_TYPE if binary else JSON,
+        "headers": {
+            "lang": "py",
+            "task": TASK_NAME,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": expires.isoformat() if expires else None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": "()",
+            "kwargsrepr": _kwargsrepr(model),
+            "origin": "tandem",
+            "ignore_result": False,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+            "tandem_sent_at": sent_at,
+        },
+        "properties": properties,
+    }
+    try:
+        return task_id, orjson.dumps(envelope).decode()
+    except orjson.JSONEncodeError:  # a lone surrogate in an id or name: JSON escapes it
+        return task_id, json.dumps(envelope, separators=(",", ":"))
 
 
 #: Random UUIDs are made UUID_BATCH at a time, from one os.urandom call: a submit needs
@@ -203,9 +217,9 @@ def encode_checked(
 
 
 @functools.lru_cache(maxsize=1024)
-def _quoted(model: str, queue: str) -> tuple[str, str]:
-    """The envelope's kwargsrepr and routing key as JSON strings: once per model."""
-    return json.dumps(f"{{'model': {model!r}, 'inputs': ...}}"), json.dumps(queue)
+def _kwargsrepr(model: str) -> str:
+    """The envelope's kwargsrepr: the inputs are left out, as they may be large."""
+    return f"{{'model': {model!r}, 'inputs': ...}}"
 
 
 def decode(raw: bytes, *, max_bytes: int) -> Task:
