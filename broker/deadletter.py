@@ -144,7 +144,8 @@ def count(client: redis.Redis) -> int:
 
 def read(client: redis.Redis, limit: int = 100) -> list[DeadLetter]:
     """The newest `limit` dead letters."""
-    return [parse(stored) for stored in client.lrange(keys.DEAD, 0, max(limit, 1) - 1)]
+    stored: list[bytes] = client.lrange(keys.DEAD, 0, max(limit, 1) - 1)  # type: ignore[assignment]
+    return [parse(one) for one in stored]
 
 
 def purge(client: redis.Redis) -> int:

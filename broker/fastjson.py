@@ -23,8 +23,11 @@ _LONG_DIGITS_STR = re.compile(r"\d{19}")
 
 def loads(data: bytes | str) -> Any:
     """json.loads(data): its value, or the error it raises."""
-    long = _LONG_DIGITS if isinstance(data, bytes) else _LONG_DIGITS_STR
-    if long.search(data) is None:
+    if isinstance(data, bytes):
+        long = _LONG_DIGITS.search(data) is not None
+    else:
+        long = _LONG_DIGITS_STR.search(data) is not None
+    if not long:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

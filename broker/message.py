@@ -105,7 +105,7 @@ def encode(
     properties["body_encoding"] = "base64"
     properties["delivery_tag"] = new_uuid()
     # Keys in the order Celery's as_task_v2 and kombu's Redis transport write them.
-    envelope = {
+    envelope: dict[str, Any] = {
         "body": binascii.b2a_base64(body, newline=False).decode(),
         "content-encoding": "binary" if binary else "utf-8",
         "content-type": payload.CONTENT_TYPE if binary else JSON,

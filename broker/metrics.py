@@ -55,5 +55,5 @@ def observe(counts: Counter, name: str, value: float) -> None:
     bounds = HISTOGRAMS[name]
     index = bisect.bisect_left(bounds, value)
     counts[f"{name}:{bounds[index] if index < len(bounds) else '+Inf'}"] += 1
-    counts[f"{name}:sum"] += value
+    counts[f"{name}:sum"] += value  # type: ignore[assignment]  # a Counter sums floats too
     counts[f"{name}:count"] += 1

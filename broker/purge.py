@@ -4,6 +4,8 @@ at once rather than at its timeout; a task that already has a result keeps it.""
 
 from __future__ import annotations
 
+import functools
+
 import redis
 
 from tandem.broker import keys, message, results
@@ -18,9 +20,9 @@ def purge(client: redis.Redis, model: str, *, result_expires_s: int, max_bytes: 
     RPOP; what arrives meanwhile stays. Returns how many were removed."""
     removed = 0
     for key in keys.l1_keys(model):
-        left = typed(key, 0, lambda key=key: client.llen(key))
+        left = typed(key, 0, functools.partial(client.llen, key))
         while left > 0:
-            raws = client.rpop(key, min(BATCH, left)) or []
+            raws: list[bytes] = client.rpop(key, min(BATCH, left)) or []  # type: ignore[assignment]
             if not raws:
                 break  # taken by an executor meanwhile
             left -= len(raws)

@@ -8,10 +8,11 @@ once per process. Nothing written into tandem's keys by hand ends a reader."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -30,8 +31,9 @@ def once(text: str) -> None:
         log.warning("%s", text)
 
 
-def typed(key: str, default: T, read: Callable[[], T]) -> T:
-    """read(), or `default` if the key holds another type (WRONGTYPE)."""
+def typed(key: str, default: Any, read: Callable[[], Any]) -> Any:
+    """read(), or `default` if the key holds another type (WRONGTYPE). Replies are Any:
+    what a key holds is checked where it is read, not promised by redis-py."""
     try:
         return read()
     except redis.ResponseError as e:
@@ -206,7 +208,7 @@ class Reads:
         out = []
         for raw in typed(keys.POISON, [], lambda: self.redis.lrange(keys.POISON, 0, limit - 1)):
             key = keys.deliveries(raw)
-            delivered = typed(key, [], lambda k=key: self.redis.lrange(k, 0, -1))
+            delivered = typed(key, [], functools.partial(self.redis.lrange, key, 0, -1))
             out.append((raw, [e.decode(errors="replace") for e in delivered]))
         return out
 
@@ -217,7 +219,7 @@ class Reads:
         if last is None:
             last = self._relay_from_now()
         try:
-            replies = self.redis.xread(
+            replies: Any = self.redis.xread(
                 {keys.STATE_STREAM: last}, count=1000, block=block_ms or None
             )
         except redis.ResponseError as e:  # not a stream id, or the stream is not a stream
@@ -262,7 +264,12 @@ class Reads:
     def publish_scale(self, model: str, fields: dict[str, float]) -> None:
         """Write the model's scaling signal (a wrong-typed key is moved aside)."""
         key = keys.scale(model)
-        written(self.redis, key, "hash", lambda: self.redis.hset(key, mapping=fields))
+        written(
+            self.redis,
+            key,
+            "hash",
+            lambda: self.redis.hset(key, mapping=cast("dict[Any, float]", fields)),
+        )
 
     def stats(self) -> dict[str, int]:
         """The fleet-wide counters of tandem:stats (redelivered, duplicates, ...)."""

@@ -4,6 +4,7 @@ broker/table.py reads, on a redis.asyncio client."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -12,13 +13,13 @@ from tandem.broker import keys
 
 async def versions(client: aioredis.Redis, name: str) -> list[str]:
     """Every NAME:VERSION of `name` a worker has served."""
-    found = await client.smembers(keys.MODELS)
+    found: set[bytes] = await client.smembers(keys.MODELS)  # type: ignore[assignment]
     return [m.decode() for m in found if m.decode().partition(":")[0] == name]
 
 
 async def live(client: aioredis.Redis, model: str) -> bool:
     """True while an executor of the model has a heartbeat that has not lapsed."""
-    ids = await client.smembers(keys.executors(model))
+    ids: set[Any] = await client.smembers(keys.executors(model))
     if not ids:
         return False
     seconds, micros = await client.time()

@@ -32,7 +32,8 @@ class Revocations:
         if not task_ids:
             return set()
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time().zmscore(keys.REVOKED, list(task_ids))
+            pipe.time()
+            pipe.zmscore(keys.REVOKED, list(task_ids))
             (now_s, now_us), scores = pipe.execute(raise_on_error=False)
         scores = typed_reply(scores, keys.REVOKED, [None] * len(task_ids))  # wrong type: none
         now = ms(now_s, now_us)

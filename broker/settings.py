@@ -229,8 +229,8 @@ def load_settings(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     problems: list[str] = []
-    joins_stack = fallback_url is not None and flags.get("redis_url") is None
-    if joins_stack and "TANDEM_REDIS_URL" not in env and (url := fallback_url()):
+    joins_stack = flags.get("redis_url") is None and "TANDEM_REDIS_URL" not in env
+    if fallback_url is not None and joins_stack and (url := fallback_url()):
         values["redis_url"] = url
     for field in fields(Settings):
         flag = flags.pop(field.name, None)

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import redis
 
@@ -118,7 +119,7 @@ def _claimed(reply) -> bool:
     return isinstance(reply, list) and len(reply) > 1
 
 
-def _partial(error: Exception, routed: list) -> Exception:
+def _partial(error: TandemError, routed: list) -> TandemError:
     error.routed = routed
     return error
 
@@ -159,7 +160,7 @@ class Table(Reads, Revocations):
         faults.at(name, "after", reply)
         return reply
 
-    def _held(self, name: str, step, holds) -> object:
+    def _held(self, name: str, step, holds) -> Any:
         """An executor's step that takes custody of tasks or results (a claim, a store):
         step(then) makes its call, with `then` (None, or a WAIT) sent after it in the same
         write, and returns its reply, or (its reply, WAIT's) (DirectCalls.script). With
@@ -234,11 +235,12 @@ class Table(Reads, Revocations):
     ) -> str | None:
         """Enqueue one message by the two-level rule. Returns the executor id, or None for L1.
         Raises UnknownModel, QueueFull, Overloaded or BrokerUnavailable."""
-        reply = self._route_chunk(model, [message], priority, deadline, [], one=True)
-        reply = routed_reply(model, reply)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        routed = routed_reply(
+            model, self._route_chunk(model, [message], priority, deadline, [], one=True)
+        )
+        if isinstance(routed, Exception):
+            raise routed
+        return routed
 
     def route_many(
         self,
@@ -319,7 +321,7 @@ class Table(Reads, Revocations):
 
     @staticmethod
     def route_call(
-        model: str, messages: Sequence[str], priority: int, deadline: float | None
+        model: str, messages: Sequence[str | bytes], priority: int, deadline: float | None
     ) -> dict:
         script_keys, head = _route_layout(model, priority)
         # ms left, measured against the clock of this host just before the call; route.lua
@@ -333,7 +335,7 @@ class Table(Reads, Revocations):
         Raises UnknownModel, QueueFull or Overloaded (the letter stays), TandemError if
         the letter is gone, or BrokerUnavailable."""
         call = self.route_call(model, [message], 0, None)
-        script_keys = [keys.DEAD, keys.deliveries(message), *call["keys"]]
+        script_keys: list[str | bytes] = [keys.DEAD, keys.deliveries(message), *call["keys"]]
         try:
             (reply,) = self.scripts.requeue(keys=script_keys, args=[stored, *call["args"]])
         except redis.ResponseError as e:
@@ -380,7 +382,7 @@ class Table(Reads, Revocations):
             keys.DEADLINES,
             keys.speed(model),
         ]
-        args = [
+        args: list[Any] = [
             executor_id,
             model,
             worker,
@@ -636,16 +638,16 @@ class Table(Reads, Revocations):
         return [*l2, *inflight]
 
 
-def _raise_converted(e: redis.ResponseError, routed: list | None = None) -> None:
+def _raise_converted(e: redis.ResponseError, routed: list | None = None) -> NoReturn:
     """Raise convert_error(e) (with `.routed`, if given). A refusal such as UnknownModel
     says it all: no Redis error is chained under it."""
     error = convert_error(e)
-    if routed is not None:
+    if routed is not None and isinstance(error, TandemError):
         _partial(error, routed)
     raise error from (None if isinstance(error, UnknownModel) else e)
 
 
-def convert_error(e: redis.ResponseError) -> Exception:
+def convert_error(e: redis.ResponseError) -> TandemError | redis.ResponseError:
     text = str(e)
     if text.startswith("UNKNOWN_MODEL"):
         return UnknownModel(

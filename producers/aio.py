@@ -15,6 +15,7 @@ results of every task still waiting (as producers/listener.py does).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -50,6 +51,11 @@ SUBSCRIBED = (b"psubscribe", "psubscribe")
 PUBLISHED = (b"pmessage", "pmessage")
 
 
+def _drop(waiting: dict, task_id: str, _future: asyncio.Future) -> None:
+    """A done future's callback: forget the task's waiter."""
+    waiting.pop(task_id, None)
+
+
 class AsyncClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -61,7 +67,7 @@ class AsyncClient:
         self._random = random.Random(secrets.randbits(128))
         self.pattern = f"{keys.RESULT_PREFIX}{self.token}-*"
         self._waiting: dict[str, asyncio.Future] = {}
-        self._conn = None  # the subscribed connection
+        self._conn: Any = None  # the subscribed connection
         self._reader: asyncio.Task | None = None
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
         self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
@@ -162,7 +168,7 @@ class AsyncClient:
                 self._forget([task_id])
                 out.append(routed)
             else:
-                future.add_done_callback(lambda _, t=task_id: self._waiting.pop(t, None))
+                future.add_done_callback(functools.partial(_drop, self._waiting, task_id))
                 out.append(future)
         return out
 

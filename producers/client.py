@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from tandem.broker import keys, message
 from tandem.broker.app import make_app
 from tandem.broker.connect import connect
 from tandem.broker.discovery import joined_settings
-from tandem.broker.errors import BadArgument, BrokerUnavailable, UnknownModel
+from tandem.broker.errors import BadArgument, BrokerUnavailable, TandemError, UnknownModel
 from tandem.broker.results import loads as load_result
 from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings
@@ -43,6 +43,7 @@ class TandemResult(AsyncResult):
     submit's path, than the rest of the result.
     """
 
+    app: Any = None  # Celery's class attribute, untyped there
     #: then() was called: the on_ready promise has a callback to fire.
     _awaited = False
 
@@ -175,7 +176,7 @@ class Client:
         self._latest: dict[str, tuple[str, float]] = {}  # name: (NAME:VERSION, when read)
         #: NAME:VERSION models resolve() has checked: their L1 queues.
         self._concrete: dict[str, str] = {}
-        self._dispatcher = None  # task-sent events, made on first use
+        self._dispatcher: Any = None  # task-sent events, made on first use
         self._events_lock = threading.Lock()
         self._local = threading.local()  # this thread's result backend (_result)
 
@@ -213,7 +214,10 @@ class Client:
         self._expect([task_id], own=not task_id_given)
         try:
             executor = self.table.route(
-                model, envelope, priority=priority, deadline=expires and expires.timestamp()
+                model,
+                envelope,
+                priority=priority,
+                deadline=expires.timestamp() if expires else None,
             )
         except Exception as e:
             self.listener.release(task_id)  # never enqueued: no result will come
@@ -266,11 +270,12 @@ class Client:
         self,
         model: str,
         encoded: list[tuple[str, str]],
-        replies: list,
+        replies: Sequence,
         expires: datetime | None,
-    ) -> tuple[list[TandemResult], list[Exception]]:
+    ) -> tuple[list[TandemResult], list[TandemError]]:
         """The results of the routed tasks, and the errors of the refused ones."""
-        results, errors = [], []
+        results: list[TandemResult] = []
+        errors: list[TandemError] = []
         for n, (task_id, _) in enumerate(encoded):
             if n >= len(replies) or isinstance(replies[n], Exception):
                 self.listener.release(task_id)  # never enqueued: no result will come

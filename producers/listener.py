@@ -24,6 +24,7 @@ import logging
 import secrets
 import threading
 import time
+from typing import Any
 
 import redis
 from celery import states
@@ -62,7 +63,7 @@ class ResultListener:
         self._changed = threading.Condition(self._lock)
         self._reader = False  # a get() is reading the subscription
         self._followers = 0  # get()s waiting on _changed for the reader
-        self._pubsub = None
+        self._pubsub: Any = None
         self._direct = False  # reading the subscription's connection directly (_next)
         self.delivered = 0
         self.closed = False
@@ -226,7 +227,7 @@ class ResultListener:
             waiting = [t for t, w in self._waiters.items() if w.meta is None]
         for start in range(0, len(waiting), 1000):
             chunk = waiting[start : start + 1000]
-            stored = self._redis.mget([keys.result(t) for t in chunk])
+            stored: list[bytes | None] = self._redis.mget([keys.result(t) for t in chunk])  # type: ignore[assignment]
             for task_id, data in zip(chunk, stored, strict=True):
                 if data is not None:
                     self._deliver(keys.result(task_id).encode(), data)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -122,7 +123,8 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log_file = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
-        command, fds = self.command(), ()
+        command = self.command()
+        fds: tuple[int, ...] = ()
         if self.keeper_fd is not None:
             command = [sys.executable, "-m", "tandem.keeper", str(self.keeper_fd), "--", *command]
             fds = (self.keeper_fd,)
@@ -252,7 +254,7 @@ class SentinelGroup:
         return self
 
     def _ask(self, *command: str):
-        tls = {}
+        tls: dict[str, Any] = {}
         if self.tls:
             tls = {"ssl": True, "ssl_ca_certs": str(self.tls[0].resolve())}
         for port in self.sentinel_ports:

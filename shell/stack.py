@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -26,6 +27,7 @@ from tandem.broker.table import Table
 from tandem.server import RedisServer
 
 log = logging.getLogger("tandem.stack")
+P = TypeVar("P", bound=subprocess.Popen)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -115,7 +117,7 @@ STOP_REDIS_S = 5.0
 STOP_BOUND_S = STOP_WORKERS_S + STOP_COORDINATOR_S + STOP_REDIS_S
 
 
-def stop_all(processes: Sequence[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
+def stop_all(processes: Sequence[P], timeout_s: float) -> list[P]:
     """SIGTERM to each at once, then wait for them all within timeout_s; SIGKILL to those
     still running. Returns the ones killed."""
     for process in processes:
@@ -214,6 +216,7 @@ class Stack:
 
     def _start(self, timeout_s: float) -> None:
         if self.embedded:
+            assert self._holders is not None  # made by start()
             keeper_fd = self._holders.read_fd
             self.server = RedisServer(self.data_dir / "redis", keeper_fd=keeper_fd).start()
             self.settings = self.settings.replace(redis_url=self.server.url)
@@ -231,6 +234,7 @@ class Stack:
 
     def _spawn(self, args: list[str], name: str, **changes) -> Child:
         """One process of the stack, with its lifelines: `tandem ARGS`, logging to NAME.log."""
+        assert self._lifeline is not None and self._holders is not None  # made by start()
         settings = self.settings.replace(lifeline_fd=self._lifeline.read_fd, **changes)
         fds = (self._lifeline.read_fd, self._holders.write_fd)
         return spawn(args, settings, self.data_dir / "logs" / f"{name}.log", pass_fds=fds)

@@ -46,10 +46,8 @@ def snapshot(client: redis.Redis) -> dict:
                 # The coordinator's scaling signal (coordinator/scaling.py); None before.
                 **scaling(table.scale(m)),
                 # Measured by the executors; None before their first batch.
-                "capacity_rps": round(speeds[m].rate, 1) if speeds[m] else None,
-                "predicted_wait_ms": (
-                    round(speeds[m].wait_ms(table.ahead(m))) if speeds[m] else None
-                ),
+                "capacity_rps": round(speed.rate, 1) if (speed := speeds[m]) else None,
+                "predicted_wait_ms": round(speed.wait_ms(table.ahead(m))) if speed else None,
                 **device(table.counters(m), table.scale(m)),
             }
             for m in models
@@ -172,7 +170,7 @@ def tables(data: dict) -> Group:
     return Group(executors, queues, fleet, stages, escape(dead))
 
 
-def _shown(value: float | None) -> str:
+def _shown(value: float | str | None) -> str:
     return "-" if value is None else str(value)
 
 

@@ -81,7 +81,7 @@ class Canvas:
         """The task's request, as Celery's worker would have built it."""
         return Context(
             {
-                **task.canvas,
+                **(task.canvas or {}),
                 "id": task.id,
                 "task": message.TASK_NAME,
                 "hostname": self.hostname,

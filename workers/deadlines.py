@@ -27,9 +27,10 @@ class Plan:
     back: list[int]
     finish: float
 
-    def miss_ms(self, deadline: float) -> float:
-        """How late a shed task with this deadline would have been, in ms."""
-        return (self.finish - deadline) * 1000
+    def miss_ms(self, deadline: float | None) -> float:
+        """How late a shed task with this deadline would have been, in ms (only a task
+        with a deadline is shed)."""
+        return (self.finish - (self.finish if deadline is None else deadline)) * 1000
 
 
 def plan(

@@ -87,7 +87,7 @@ class Executor:
         #: Its compute, gap and return times, learned from its own batches.
         self.latency = LatencyModel()
         self.table = table
-        self.hooks = hooks if hooks is not None else [Logs()]
+        self.hooks: list[Hook] = hooks if hooks is not None else [Logs()]
         self.settings = settings
         self.worker = worker
         self.on_give_up = on_give_up
@@ -402,7 +402,7 @@ class Executor:
             # The route script already made this executor WORKING.
             self._enter(State.WORKING, tell_later=True)
             return taken
-        if self.max_batch > 1:
+        if self._full is not None:  # a batch window over one task (start() made it)
             self._full.clear()
             room = self.table.set_state(self.id, self.model_ref, State.WAITING)
             self._enter(State.WAITING)
@@ -472,6 +472,7 @@ class Executor:
             if ran.staged is not None:
                 learned = len(ready)
             else:
+                assert ran.outputs is not None  # a pass not staged has them
                 for n, out in zip(ready, ran.outputs, strict=True):
                     if isinstance(out, ModelError):
                         tasks[n].error = out

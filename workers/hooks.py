@@ -117,7 +117,7 @@ class CeleryEvents(Hook):
     def __init__(self, app: Any, hostname: str) -> None:
         self.app = app
         self.hostname = hostname
-        self._dispatcher = None
+        self._dispatcher: Any = None
 
     def batch_done(self, executor: HasId, done: Computed) -> None:
         if self._dispatcher is None:  # created on the returner thread that uses it

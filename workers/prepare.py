@@ -12,6 +12,7 @@ does not fit goes back to the head of L1."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from tandem.broker import message
@@ -74,7 +75,7 @@ class Preparer:
         tasks = self._fill(tasks, refill=False, start_s=start_s, revocations=revocations)
         return Batch([task.raw for task in tasks], tasks=tasks)
 
-    def prepare(self, raws: list[bytes], *, revocations: bool) -> list[message.Task]:
+    def prepare(self, raws: Sequence[bytes], *, revocations: bool) -> list[message.Task]:
         """Decode and check each message (its model, its deadline; its inputs are
         validated once it is planned in). With revocations (Redis may hold revoke
         records), a revoked one gets Revoked and is never computed."""

@@ -167,8 +167,8 @@ class Returner:
         owner = self.owner
         if done.pending is not None:
             self._finish(done)
-        for n, task in self._canvas(done):
-            owner.canvas.before_store(task, done.outputs.get(n))
+        for canvas, n, task in self._canvas(done):
+            canvas.before_store(task, done.outputs.get(n))
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
         done.stored_at = time.time()
         counts = None if count_later else self._counters(done)
@@ -208,19 +208,21 @@ class Returner:
     def _after(self, done: Computed) -> None:
         """What follows stored results: the canvas's next steps, then the hooks."""
         owner = self.owner
-        for n, task in self._canvas(done):
-            owner.canvas.after_store(task, done.outputs.get(n))
+        for canvas, n, task in self._canvas(done):
+            canvas.after_store(task, done.outputs.get(n))
         for hook in owner.hooks:
             try:
                 hook.batch_done(owner, done)
             except Exception:  # noqa: BLE001 - a hook never stops results flowing
                 log.exception("hook %s failed", type(hook).__name__)
 
-    def _canvas(self, done: Computed) -> list[tuple[int, message.Task]]:
-        """The batch's tasks with canvas steps (link, chain, chord), by index."""
-        if self.owner.canvas is None:
+    def _canvas(self, done: Computed) -> list[tuple[Canvas, int, message.Task]]:
+        """The batch's tasks with canvas steps (link, chain, chord), by index, each with
+        the canvas that runs them."""
+        canvas = self.owner.canvas
+        if canvas is None:
             return []
-        return [(n, task) for n, task in enumerate(done.tasks) if task.canvas]
+        return [(canvas, n, task) for n, task in enumerate(done.tasks) if task.canvas]
 
     def _count(self, done: Computed) -> None:
         """The bookkeeping of a batch whose results are out: one count.lua call, never

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import resources
 
 import redis
+from redis.commands.core import Script
 
 NAMES = (
     "route",
@@ -39,6 +40,23 @@ def source(name: str) -> str:
 
 class Scripts:
     """Every tandem script, registered on one client (EVALSHA, reloaded on NOSCRIPT)."""
+
+    route: Script
+    route_one: Script
+    requeue: Script
+    feed: Script
+    begin: Script
+    claim: Script
+    claim_or_idle: Script
+    unclaim: Script
+    state: Script
+    complete: Script
+    count: Script
+    reclaim: Script
+    bury: Script
+    register: Script
+    heartbeat: Script
+    lease: Script
 
     def __init__(self, client: redis.Redis) -> None:
         for name in NAMES:

@@ -61,7 +61,8 @@ class Deadline:
 
     def _expire(self) -> None:
         self.expired = True
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
     def __exit__(self, kind, value, traceback) -> None:
         self._timer.cancel()

@@ -253,6 +253,7 @@ def _from_binary(raw: bytes, datatype: str, shape: list[int], count: int, label:
     if datatype == "BYTES":
         return _bytes_elements(raw, count, label)
     dtype = DATATYPES[datatype]
+    assert dtype is not None  # every datatype but BYTES has one
     if len(raw) != count * dtype.itemsize:
         raise BadInput(
             f"{label}: {len(raw)} bytes of binary data for {count} {datatype} elements "

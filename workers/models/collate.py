@@ -43,6 +43,7 @@ class Collator:
         for spec in self.config.inputs:
             if spec.tokenizer:
                 tokenizer = Tokenizer.from_file(str(spec.tokenizer))
+                assert spec.max_length is not None  # a tokenizer's input needs one (spec.py)
                 tokenizer.enable_truncation(spec.max_length)
                 tokenizer.no_padding()
                 loaded[spec.name] = tokenizer
@@ -206,7 +207,7 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...]) -> None:
 def _pad(tensors: list[torch.Tensor], value: float, out: torch.Tensor) -> torch.Tensor:
     out.fill_(value)
     for n, tensor in enumerate(tensors):
-        out[(n, *(slice(0, s) for s in tensor.shape))] = tensor
+        out[n][tuple(slice(0, s) for s in tensor.shape)] = tensor
     return out
 
 

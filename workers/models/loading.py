@@ -150,6 +150,7 @@ class RepoModel:
             if self.device.type != "cuda":
                 return _Outputs(self.module(*batch.args), batch)
             stream, events = self._streams["compute"], _events()
+            assert batch.events is not None  # to_device() records them on a GPU
             with torch.cuda.stream(stream):
                 stream.wait_event(batch.events[1])  # on the copy, not on the host
                 events[0].record(stream)
@@ -169,6 +170,7 @@ class RepoModel:
             pinned = slot.tensor(next(index), tensor.shape, tensor.dtype)
             return pinned.copy_(tensor, non_blocking=True)
 
+        assert out.events is not None and out.batch.events is not None  # recorded on a GPU
         with torch.cuda.stream(stream):
             stream.wait_event(out.events[1])
             events[0].record(stream)
@@ -308,7 +310,7 @@ def _saved_not_scripted(path) -> bool:
 
 def _from_factory(config: ModelConfig) -> torch.nn.Module:
     artifact = config.artifact
-    module_name, _, function = artifact.factory.partition(":")
+    module_name, _, function = (artifact.factory or "").partition(":")
     try:
         build = getattr(importlib.import_module(module_name), function)
     except (ImportError, AttributeError) as e:

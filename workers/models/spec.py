@@ -88,6 +88,14 @@ class ModelConfig:
         return f"{self.name}:{self.version}"
 
 
+class PackageMissing(FileNotFoundError):
+    """A pkg: path whose package is not installed; `extra`: the extra that brings it."""
+
+    def __init__(self, text: str, extra: str | None) -> None:
+        super().__init__(text)
+        self.extra = extra
+
+
 def resolve(value: str, directory: Path) -> Path:
     """A path from a config: relative to the model version's folder, or pkg:PACKAGE/path."""
     if value.startswith("pkg:"):
@@ -96,9 +104,7 @@ def resolve(value: str, directory: Path) -> Path:
         if spec is None or not spec.submodule_search_locations:
             extra = extra_of(package)
             hint = f"; install it with {install_hint(extra)}" if extra else ""
-            missing = FileNotFoundError(f"package {package!r} is not installed{hint}")
-            missing.extra = extra
-            raise missing
+            raise PackageMissing(f"package {package!r} is not installed{hint}", extra)
         return Path(next(iter(spec.submodule_search_locations))) / rest
     path = (directory / value).resolve()
     if directory.resolve() not in path.parents:
@@ -119,7 +125,7 @@ def load_config(path: Path) -> ModelConfig:
     except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
         problem = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         error = ModelLoadError(f"{path}: {problem}")
-        error.extra = getattr(e, "extra", None)  # a pkg: path of an extra not installed
+        error.extra = e.extra if isinstance(e, PackageMissing) else None
         raise error from e
 
 
