@@ -9,6 +9,7 @@ once per process. Nothing written into tandem's keys by hand ends a reader."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -118,6 +119,15 @@ class Reads:
     def models(self) -> list[str]:
         members = typed(keys.MODELS, set(), lambda: self.redis.smembers(keys.MODELS))
         return sorted(filter(None, (model_name(m, keys.MODELS) for m in members)))
+
+    def spec(self, model: str) -> dict | None:
+        """The model's published tensor signature, or None."""
+        raw = typed(keys.SPECS, None, lambda: self.redis.hget(keys.SPECS, model))
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            once(f"{keys.SPECS} holds no JSON for {model!r}; read as none")
+            return None
 
     def executor_ids(self, model: str) -> list[str]:
         key = keys.executors(model)

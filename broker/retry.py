@@ -4,7 +4,7 @@ long to wait between tries.
 - A disconnect or a timeout is always retried: the call may never have reached Redis, or
   its reply was lost, and running it again is safe (a script call is atomic, and each
   step the loops retry is idempotent). An executor's claims are not: each is sent once
-  (Table._call), and a lost one rebuilds the executor from Redis, its in-flight tasks
+  (Steps._call), and a lost one rebuilds the executor from Redis, its in-flight tasks
   handed back through reclaim.
 - A refusal (READONLY after a failover, OOM under maxmemory, LOADING, WRONGTYPE, a
   script's own error) is retried too, except by a step that holds work whose recovery is

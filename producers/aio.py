@@ -37,9 +37,10 @@ from tandem.broker.errors import (
     NotReplicated,
     UnknownModel,
 )
+from tandem.broker.routes import ROUTE_CHUNK, Routes, routed_reply
+from tandem.broker.runner import convert_error
 from tandem.broker.scripts import source
 from tandem.broker.settings import Settings
-from tandem.broker.table import ROUTE_CHUNK, Table, convert_error, routed_reply
 
 log = logging.getLogger("tandem.producers")
 
@@ -190,7 +191,7 @@ class AsyncClient:
         return mine.result()
 
     async def _route_replicated(self, call: dict) -> list:
-        """route.lua's replies; with min_replicas, WAITed for as Table._replicated does."""
+        """route.lua's replies; with min_replicas, WAITed for as Routes._replicated does."""
         wanted = self.settings.min_replicas
         if not wanted:
             return await self._route(keys=call["keys"], args=call["args"])
@@ -211,7 +212,7 @@ class AsyncClient:
         error: BaseException | None = None
         try:
             for start in range(0, len(messages), ROUTE_CHUNK):
-                call = Table.route_call(
+                call = Routes.route_call(
                     model, messages[start : start + ROUTE_CHUNK], priority, deadline
                 )
                 replies += await self._route_replicated(call)

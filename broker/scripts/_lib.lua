@@ -112,17 +112,25 @@ local function settle_route(changes, hash, id, metrics)
   redis.call('HDEL', hash, 'routed_ms')
 end
 
--- The L1 list of message m at its priority, as kombu files it: of the L1 keys of
--- priority 0, 3, 6 and 9 at KEYS[first .. first + 3]. An unreadable priority is 0.
-local function l1_of(m, first)
+-- t[from], t[from + 1], ... as a list of their own: a script's variadic KEYS or ARGV
+-- (unpack would stop at Lua's C stack limit on a large batch).
+local function rest(t, from)
+  local out = {}
+  for i = from, #t do out[#out + 1] = t[i] end
+  return out
+end
+
+-- The L1 list of message m at its priority, as kombu files it: of l1, the L1 keys of
+-- priority 0, 3, 6 and 9. An unreadable priority is 0.
+local function l1_of(m, l1)
   local ok, msg = pcall(cjson.decode, m)
   local p = 0
   if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
     p = tonumber(msg.properties.priority) or 0
   end
-  if p >= 9 then return KEYS[first + 3] elseif p >= 6 then return KEYS[first + 2]
-  elseif p >= 3 then return KEYS[first + 1] end
-  return KEYS[first]
+  if p >= 9 then return l1[4] elseif p >= 6 then return l1[3]
+  elseif p >= 3 then return l1[2] end
+  return l1[1]
 end
 
 -- LPUSH the messages items[1..] onto key in order (the last ends leftmost), in
@@ -133,12 +141,12 @@ local function push_all(key, items)
   end
 end
 
--- Pop up to n messages from the L1 keys KEYS[first..last], oldest first,
--- highest priority first, into the in-flight list. Appends them to out.
-local function claim_l1(first, last, inflight, n, out)
-  for i = first, last do
+-- Pop up to n messages from the L1 keys l1 (highest priority first), oldest first,
+-- into the in-flight list. Appends them to out.
+local function claim_l1(l1, inflight, n, out)
+  for _, key in ipairs(l1) do
     if n <= 0 then break end
-    local items = call('RPOP', KEYS[i], n)
+    local items = call('RPOP', key, n)
     if items then
       push_all(inflight, items)
       for _, m in ipairs(items) do out[#out + 1] = m end

@@ -1,10 +1,13 @@
 -- Claim tasks into in-flight. The executor stays WORKING. A batch that is still
--- empty (ARGV[2] == '1') takes one redelivered task alone if there is one;
--- otherwise up to N from L1, oldest and highest priority first.
--- KEYS: executor hash, in-flight, retry list, L1 keys of every priority
--- ARGV: n, '1' if the batch is empty
+-- empty (alone) takes one redelivered task alone if there is one; otherwise up to n
+-- from L1, oldest and highest priority first.
 -- Returns 1 if it took a redelivered task, else 0, then the messages moved.
-if not registered(KEYS[1]) then return redis.error_reply('GONE') end
+-- KEYS: executor, inflight, retry, l1...
+-- ARGV: n, alone
+local executor, inflight, retry = unpack(KEYS, 1, 3)
+local l1 = rest(KEYS, 4)
+local n, alone = unpack(ARGV, 1, 2)
+if not registered(executor) then return redis.error_reply('GONE') end
 local out = {}
-if ARGV[2] == '1' and claim_retry(KEYS[3], KEYS[2], out) then return claimed(out, true) end
-return claimed(claim_l1(4, #KEYS, KEYS[2], tonumber(ARGV[1]), out), false)
+if alone == '1' and claim_retry(retry, inflight, out) then return claimed(out, true) end
+return claimed(claim_l1(l1, inflight, tonumber(n), out), false)

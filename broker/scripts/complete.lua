@@ -10,66 +10,70 @@
 -- left alone, a dead letter is added only for a message still in in-flight, and the
 -- counters are added only when the run found one of its messages in in-flight or
 -- stored a result anew.
--- KEYS: in-flight, executor hash, dead-letter list, stats hash, metrics hash, and the
---       speed hash when a latency model is given
--- ARGV: result ttl s, dead-letter cap, dead-letter ttl s, M, then M (metrics field,
---       increment) pairs, then rate, lag_ms, extra_ms, base_ms, per_item_ms, margin_ms
---       (rate '' when not given), then (raw message, result key, result JSON) triples; an
---       empty result key means the JSON is a dead-letter record (a message without a
---       usable id). A result key that refuses its result (of another type) dead-letters
---       that task with Redis's reason; the rest of the batch is stored.
+-- speed: only when a latency model is given. batch: M, then M (metrics field,
+-- increment) pairs, then rate, lag_ms, extra_ms, base_ms, per_item_ms, margin_ms (rate ''
+-- when not given), then (raw message, result key, result JSON) triples; an empty result
+-- key means the JSON is a dead-letter record (a message without a usable id). A result
+-- key that refuses its result (of another type) dead-letters that task with Redis's
+-- reason; the rest of the batch is stored.
+-- KEYS: inflight, executor, dead, stats, metrics, speed...
+-- ARGV: result_ttl, dead_cap, dead_ttl, batch...
+local inflight, executor, dead, stats, metrics = unpack(KEYS, 1, 5)
+local speed = rest(KEYS, 6)
+local result_ttl, dead_cap, dead_ttl = unpack(ARGV, 1, 3)
+local batch = rest(ARGV, 4)
 local RESULT_PREFIX, METRICS_PREFIX = 'celery-task-meta-', 'tandem:metrics:'
 -- M '' stores the results alone: the executor adds the batch's counters and latency
 -- model after them with count.lua, off the task's path (at low load).
-local later = ARGV[4] == ''
-local first = 5 + 2 * (tonumber(ARGV[4]) or 0) + 6
+local later = batch[1] == ''
+local first = 2 + 2 * (tonumber(batch[1]) or 0) + 6
 -- In-flight holds the oldest claims on the right, in the order the batch lists
 -- them: when its last N entries are this batch, one LTRIM drops them all; otherwise
 -- each task is removed on its own, searched from the right.
-local n = (#ARGV - first + 1) / 3
-local tail = n > 0 and call('LRANGE', KEYS[1], -n, -1) or {}
+local n = (#batch - first + 1) / 3
+local tail = n > 0 and call('LRANGE', inflight, -n, -1) or {}
 local in_order = n > 0 and #tail == n
-for i = first, #ARGV, 3 do
-  in_order = in_order and tail[n - (i - first) / 3] == ARGV[i]
+for i = first, #batch, 3 do
+  in_order = in_order and tail[n - (i - first) / 3] == batch[i]
 end
 -- Which messages are in in-flight, read before anything is written: the first write is
 -- then a result's SET, which Redis refuses under maxmemory, so the whole store is
 -- refused (a script that wrote first would be let through past maxmemory).
 local held = {}  -- by triple index: the message was in in-flight
-for i = first, #ARGV, 3 do
-  held[i] = in_order or call('LPOS', KEYS[1], ARGV[i], 'RANK', -1) ~= false
+for i = first, #batch, 3 do
+  held[i] = in_order or call('LPOS', inflight, batch[i], 'RANK', -1) ~= false
 end
 local counted = n == 0  -- an empty batch publishes its latency model alone
-for i = first, #ARGV, 3 do
-  local raw, key, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = first, #batch, 3 do
+  local raw, key, meta = batch[i], batch[i + 1], batch[i + 2]
   counted = counted or held[i]
   if key == '' then
-    if held[i] then dead_letter(KEYS[3], meta, ARGV[2], ARGV[3], KEYS[4]) end
+    if held[i] then dead_letter(dead, meta, dead_cap, dead_ttl, stats) end
   else
-    local stored, refused = store_result(key, meta, ARGV[1], KEYS[4])
+    local stored, refused = store_result(key, meta, result_ttl, stats)
     counted = counted or stored == 'stored'
     if refused and held[i] then
       local now = redis.call('TIME')
       local record = cjson.encode({
         id = string.sub(key, #RESULT_PREFIX + 1),
-        model = string.sub(KEYS[5], #METRICS_PREFIX + 1),
+        model = string.sub(metrics, #METRICS_PREFIX + 1),
         reason = 'ResultRefused: ' .. key .. ': ' .. refused,
         executors = {},
         at = now[1] .. '.' .. string.format('%06d', tonumber(now[2])),
         at_s = tonumber(now[1]) + tonumber(now[2]) / 1e6,
         message = raw,
       })
-      dead_letter(KEYS[3], record, ARGV[2], ARGV[3], KEYS[4])
+      dead_letter(dead, record, dead_cap, dead_ttl, stats)
     end
   end
 end
 if in_order then
-  call('LTRIM', KEYS[1], 0, -n - 1)
+  call('LTRIM', inflight, 0, -n - 1)
 else
-  for i = first, #ARGV, 3 do
-    if held[i] then call('LREM', KEYS[1], -1, ARGV[i]) end
+  for i = first, #batch, 3 do
+    if held[i] then call('LREM', inflight, -1, batch[i]) end
   end
 end
 if later or not counted then return n end  -- counted by count.lua, or stored already
-count_batch(ARGV, 4, n, KEYS[2], KEYS[5], KEYS[6])
+count_batch(batch, 1, n, executor, metrics, speed[1])
 return n

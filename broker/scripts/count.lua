@@ -4,8 +4,14 @@
 -- replaces the executor's share of the speed hash, as complete.lua does under load.
 -- Sent once per batch and never retried: a reply lost to a cut connection may lose
 -- one batch's counters, never count them twice.
--- KEYS: executor hash, metrics hash, and the speed hash when a latency model is given
--- ARGV: the batch's tasks, M, then M (metrics field, increment) pairs, then rate,
---       lag_ms, extra_ms, base_ms, per_item_ms, margin_ms (rate '' when not given)
-count_batch(ARGV, 2, tonumber(ARGV[1]), KEYS[1], KEYS[2], KEYS[3])
+-- speed: only when a latency model is given. bookkeeping: M, then M (metrics field,
+-- increment) pairs, then rate, lag_ms, extra_ms, base_ms, per_item_ms, margin_ms (rate ''
+-- when not given).
+-- KEYS: executor, metrics, speed...
+-- ARGV: tasks, bookkeeping...
+local executor, metrics = unpack(KEYS, 1, 2)
+local speed = rest(KEYS, 3)
+local tasks = unpack(ARGV, 1, 1)
+local bookkeeping = rest(ARGV, 2)
+count_batch(bookkeeping, 1, tonumber(tasks), executor, metrics, speed[1])
 return 1
