@@ -16,7 +16,6 @@ import base64
 import binascii
 import functools
 import json
-import os
 import re
 import sys
 import time
@@ -29,6 +28,7 @@ import orjson
 
 from tandem.broker import fastjson, payload
 from tandem.broker.errors import BadArgument, BadInput, DeadlineExceeded, TandemError
+from tandem.broker.ids import new_uuid
 
 TASK_NAME = "tandem.infer"
 JSON = "application/json"
@@ -139,14 +139,6 @@ def encode(
         return task_id, json.dumps(envelope, separators=(",", ":"))
 
 
-#: Random UUIDs are made UUID_BATCH at a time, from one os.urandom call: a submit needs
-#: two (the task id, the delivery tag), and a system call on its path costs more cold
-#: than the rest of the id. A forked child starts with none of its parent's.
-UUID_BATCH = 256
-_uuids: list[str] = []
-os.register_at_fork(after_in_child=_uuids.clear)
-
-
 def expires_in(deadline_s: float | None) -> datetime | None:
     """When a task submitted now with deadline_s expires; None for none. Raises
     BadArgument unless deadline_s is a positive, finite number of seconds."""
@@ -162,29 +154,6 @@ def expires_in(deadline_s: float | None) -> datetime | None:
             "whose deadline has passed can only fail"
         )
     return datetime.now(timezone.utc) + timedelta(seconds=deadline_s)
-
-
-def new_uuid() -> str:
-    """A random UUID, as str(uuid.uuid4()) writes it."""
-    try:
-        return _uuids.pop()  # atomic: threads never share one
-    except IndexError:
-        _uuids.extend(_make_uuids(UUID_BATCH))
-        return _uuids.pop()
-
-
-def _make_uuids(n: int) -> list[str]:
-    """n version-4 UUIDs, made straight from random bytes (uuid.UUID's checks cost more
-    than the bytes)."""
-    raw = bytearray(os.urandom(16 * n))
-    raw[6::16] = bytes(b & 0x0F | 0x40 for b in raw[6::16])  # version 4
-    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])  # the RFC 4122 variant
-    h = raw.hex()
-    return [
-        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-"
-        f"{h[i + 20 : i + 32]}"
-        for i in range(0, 32 * n, 32)
-    ]
 
 
 def encode_checked(

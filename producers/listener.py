@@ -30,7 +30,7 @@ import redis
 from celery import states
 
 from tandem.broker import keys
-from tandem.broker.message import new_uuid
+from tandem.broker.ids import new_uuid
 
 log = logging.getLogger("tandem.producers")
 
