@@ -1,0 +1,166 @@
+"""One batch's compute, for the executor thread (workers/executor.py): prepare it, hand
+its forward pass to the device thread, and meanwhile claim, prepare and stage the next
+batch (the pair of second-level sets); then hand the results to the returner."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tandem.broker import message
+from tandem.broker.errors import ModelError, one_line
+from tandem.broker.settings import Settings
+from tandem.broker.state import Batch, State
+from tandem.workers.computed import Computed
+from tandem.workers.device import Pass, forward, forward_serially, forward_staged
+from tandem.workers.latency import LatencyModel
+from tandem.workers.models import Model
+from tandem.workers.prepare import Preparer
+from tandem.workers.returner import Returner
+from tandem.workers.stages import InFlight, stage_in
+
+log = logging.getLogger("tandem.executor")
+
+#: A forward pass predicted shorter than this (ms) runs on the executor thread: handing
+#: it to the device thread, and claiming the next batch meanwhile, would cost more.
+INLINE_COMPUTE_MS = 1.0
+
+
+class Computes:
+    """The compute of one batch, mixed into Executor, which owns these."""
+
+    id: str
+    model: Model
+    settings: Settings
+    latency: LatencyModel
+    revocations: bool
+    staged: bool
+    _timed: bool
+    _prepare: Preparer
+    _returner: Returner
+    _device: ThreadPoolExecutor
+    _computing: tuple[list[message.Task], float, float] | None
+    _last_end: float | None
+    _untold: State | None
+
+    def _tell(self, state: State) -> None:
+        raise NotImplementedError
+
+    def _stopping(self) -> bool:
+        raise NotImplementedError
+
+    def _compute(self, batch: Batch, *, woke: bool = False) -> Batch:
+        """Prepare a batch (decode, check, validate), top it up, and compute it on the
+        device thread. Meanwhile, with the pipeline on, claim the next batch from L1 and
+        prepare it (the pair of second-level sets). Returns that next batch, or [].
+
+        Two hand-offs are skipped where they would cost more than they save: a forward
+        pass predicted to take under INLINE_COMPUTE_MS runs on this thread (claiming
+        early would overlap next to nothing), and a batch that woke an IDLE executor
+        (woke: low load, nothing else waits to compute) is stored on this thread."""
+        claimed_at = time.time()
+        tasks = self._prepare.batch(batch, revocations=self.revocations)
+        ready, live, inputs = [], [], []  # a loop: cold, each comprehension is a call
+        for n, task in enumerate(tasks):
+            if task.error is None:
+                ready.append(n)
+                live.append(task)
+                inputs.append(task.inputs)
+        suspect = bool(ready) and batch.redelivered
+        if suspect and self._returner.alive:
+            # A suspect computes with nothing else in in-flight: if it kills the process,
+            # the previous batch, stored by now, is not blamed with it.
+            self._returner.drain()
+        outputs: dict[int, Any] = {}
+        started_at = time.time()
+        following = Batch()
+        learned = 0  # the batch size the latency model learns a compute of, if any
+        failed: Exception | None = None  # the early claim's error
+        ran = Pass([], 0.0)
+        if ready:
+            inline = self.latency.ready and self.latency.compute_ms(len(ready)) < INLINE_COMPUTE_MS
+            job = self._stage(batch.staged, live, inputs) if self.staged and not inline else None
+            began = time.monotonic()
+            if self._last_end is not None:
+                self.latency.observe_gap((began - self._last_end) * 1000)
+            self._computing = (live, started_at, began)
+            try:
+                if inline:
+                    ran = forward(self.model, inputs)
+                else:
+                    if job is not None:
+                        computing = self._device.submit(forward_staged, self.model, job, inputs)
+                    else:
+                        way = forward_serially if self._timed else forward
+                        computing = self._device.submit(way, self.model, inputs)
+                    if self.settings.pipeline and not suspect and not self._stopping():
+                        following, failed = self._claim_early(started_at, len(ready))
+                    ran = computing.result()
+            finally:
+                self._computing = None
+            self._last_end = time.monotonic()
+            if ran.staged is not None:
+                learned = len(ready)
+            else:
+                assert ran.outputs is not None  # a pass not staged has them
+                for n, out in zip(ready, ran.outputs, strict=True):
+                    if isinstance(out, ModelError):
+                        tasks[n].error = out
+                    else:
+                        outputs[n] = out
+                if len(outputs) == len(ready):  # a bisected batch ran more than one pass
+                    learned = len(ready)
+        else:
+            self._last_end = None  # nothing computed: the next gap is not one compute's
+            if batch.staged is not None:
+                batch.staged.done()
+        compute_ms = ran.wall_ms
+        done = Computed(tasks, outputs, claimed_at, started_at, compute_ms, device_ms=ran.device_ms)
+        if ran.staged is not None:  # the returner copies its outputs out and splits them
+            done.pending = (ran.staged, ready)
+        elif ready:  # the serial path: its compute holds every stage
+            done.stages = {**ran.times, "compute": ran.times.get("compute", compute_ms)}
+        if woke:  # low load: the results go out first; the learning and bookkeeping after
+            self._returner.store_now(done)
+        if self._untold is not None:
+            self._tell(self._untold)
+        if learned:
+            self.latency.observe_compute(learned, compute_ms)
+        self._returner.hand_over(done)
+        if failed is not None:
+            raise failed
+        return following
+
+    def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
+        """While a batch of n computes: claim and prepare the next, planned from when this
+        one should end, and stage it. An error is returned, to be raised once this batch
+        is handed over."""
+        ends = self.latency.compute_ms(n) + self.latency.gap_ms
+        try:
+            early = self._prepare.early(
+                revocations=self.revocations, start_s=started_at + ends / 1000
+            )
+        except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
+            return Batch(), e
+        if self.staged and early.tasks:
+            live = [task for task in early.tasks if task.error is None]
+            if live:
+                early.staged = self._stage(None, live, [task.inputs for task in live])
+        return early, None
+
+    def _stage(self, early: InFlight | None, live: list, inputs: list) -> InFlight | None:
+        """The batch's tasks collated and on their way to the device: as staged early, if
+        its tasks are still the same, else staged now. None if staging fails: the batch
+        then runs serially, bisected, so only the offending tasks fail."""
+        key = tuple(map(id, live))
+        if early is not None:
+            if early.key == key:
+                return early
+            early.done()
+        try:
+            return stage_in(self.model, inputs, key)
+        except Exception as e:  # noqa: BLE001 - a bad item fails alone, in forward()
+            log.info("executor %s: staging a batch failed (%s); run serially", self.id, one_line(e))
+            return None
