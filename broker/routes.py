@@ -60,9 +60,10 @@ def routed_reply(model: str, reply: bytes | int | list) -> str | None | QueueFul
 
 
 @functools.lru_cache(maxsize=1024)
-def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], RouteArgs]:
-    """route.lua's keys for a model and priority, and its arguments but the time left and
-    the messages: built once per model and priority, not once per submit."""
+def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], tuple, tuple]:
+    """route.lua's keys for a model and priority, and its arguments before left_ms and
+    between left_ms and the messages: built once per model and priority, not once per
+    submit."""
     l1_keys = keys.l1_keys(model)
     target = keys.l1_for_priority(model, priority)
     script_keys = RouteKeys(
@@ -86,7 +87,8 @@ def _route_layout(model: str, priority: int) -> tuple[tuple[str, ...], RouteArgs
         above=l1_keys.index(target) + 1,
         messages=(),
     )
-    return tuple(pack(script_keys)), args
+    packed = pack(args)
+    return tuple(pack(script_keys)), tuple(packed[:SAME_ARGS]), tuple(packed[SAME_ARGS + 1 :])
 
 
 class Routes(Runner):
@@ -186,14 +188,11 @@ class Routes(Runner):
         model: str, messages: Sequence[str | bytes], priority: int, deadline: float | None
     ) -> dict:
         """route.lua's keys and args for these messages, as a script call takes them."""
-        script_keys, args = _route_layout(model, priority)
+        script_keys, before, after = _route_layout(model, priority)
         # ms left, measured against the clock of this host just before the call; route.lua
         # counts them from its own clock, so hosts need not agree on the time.
         left_ms = -1 if deadline is None else max(0.0, (deadline - time.time()) * 1000)
-        return {
-            "keys": script_keys,
-            "args": pack(args._replace(left_ms=left_ms, messages=messages)),
-        }
+        return {"keys": script_keys, "args": [*before, left_ms, *after, *messages]}
 
     def requeue(self, model: str, message: bytes, stored: bytes) -> str | None:
         """Route a dead letter's message again with a fresh delivery count and drop the
