@@ -36,7 +36,6 @@ EXTRA_FILES = {
     "tools/samples.py": "worker",
     "tools/bench.py": "bench",
     "tools/baselines.py": "bench",
-    "tools/dashboard.py": "bench",
     "tools/fleet.py": "bench",
     "tools/overload.py": "bench",
     "tools/autoscale.py": "bench",
