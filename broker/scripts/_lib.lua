@@ -32,21 +32,24 @@ local function registered(hash)
   return false
 end
 
--- The type each command needs at its key.
-local NEEDS = {
-  HSET = 'hash', HGET = 'hash', HMGET = 'hash', HDEL = 'hash', HINCRBY = 'hash',
-  HINCRBYFLOAT = 'hash', ZADD = 'zset', ZREM = 'zset', ZRANGE = 'zset', ZCARD = 'zset',
-  LPUSH = 'list', RPUSH = 'list', RPOP = 'list', LLEN = 'list', LRANGE = 'list',
-  LREM = 'list', LTRIM = 'list', LPOS = 'list', RPOPLPUSH = 'list',
-  SADD = 'set', SREM = 'set', SISMEMBER = 'set', SMEMBERS = 'set', XADD = 'stream',
-}
+-- The type a command needs at its key (nil: a command that never sets a key aside). Made
+-- on an error only: a table built at the top would be built on every script call.
+local function needs(command)
+  return ({
+    HSET = 'hash', HGET = 'hash', HMGET = 'hash', HDEL = 'hash', HINCRBY = 'hash',
+    HINCRBYFLOAT = 'hash', ZADD = 'zset', ZREM = 'zset', ZRANGE = 'zset', ZCARD = 'zset',
+    LPUSH = 'list', RPUSH = 'list', RPOP = 'list', LLEN = 'list', LRANGE = 'list',
+    LREM = 'list', LTRIM = 'list', LPOS = 'list', RPOPLPUSH = 'list',
+    SADD = 'set', SREM = 'set', SISMEMBER = 'set', SMEMBERS = 'set', XADD = 'stream',
+  })[command]
+end
 
 -- redis.call(command, key, ...) on a key of tandem's: one holding another type is set
 -- aside first (RPOPLPUSH: either key). Any other error is raised as redis.call raises it.
 local function call(command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply.err then
-    local wanted = NEEDS[command]  -- a command not listed never sets a key aside
+    local wanted = needs(command)  -- a command not listed never sets a key aside
     local moved = wanted and string.find(reply.err, 'WRONGTYPE') and set_aside(key, wanted)
     if not moved and command == 'RPOPLPUSH' then moved = set_aside((...), 'list') end
     -- Not a wrong type: run it again with redis.call, which raises its error as Redis
