@@ -100,6 +100,10 @@ def test_the_overhead_profile_counts_every_result(tmp_path):
     for row in rows:
         assert row["tasks"] == 300 and row["tasks_per_s"] > 0
         assert row["redis_cpu_us_per_task"] > 0 and row["mean_batch"] >= 1
+        assert row["redis_us_per_task_by_command"]  # Redis's time per task, by command
+    by_command = rows[0]["redis_us_per_task_by_command"]
+    # tandem's scripts' own time, and the SET inside complete.lua that stores each result
+    assert by_command["evalsha"] > 0 and by_command["set"] > 0
     fleet.plot_overhead(rows, str(tmp_path / "overhead.png"))
     assert (tmp_path / "overhead.png").stat().st_size > 0
 

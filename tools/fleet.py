@@ -59,6 +59,11 @@ class RedisMeter:
             "commands": calls,
             "script_calls": scripts.get("calls", 0),
             "script_us": scripts.get("usec", 0),
+            #: Redis's time in each command (inside scripts too, and EVALSHA the scripts'
+            #: own), µs: where a change in the CPU per task comes from.
+            "usec_by_command": {
+                name.removeprefix("cmdstat_"): stat["usec"] for name, stat in stats.items()
+            },
         }
 
 
@@ -200,6 +205,11 @@ def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, A
         "redis_cpu_us_per_task": round(m["cpu_s"] * 1e6 / tasks, 1),
         "redis_calls_per_task": round(m["commands"] / tasks, 2),
         "mean_batch": round(mean_batch, 1),
+        "redis_us_per_task_by_command": {
+            name: round(usec / tasks, 2)
+            for name, usec in sorted(m["usec_by_command"].items(), key=lambda kv: -kv[1])
+            if usec / tasks >= 0.05
+        },
     }
 
 
@@ -341,8 +351,15 @@ def print_overhead(rows: list[dict[str, Any]], console) -> None:
     from rich.table import Table as Grid
 
     grid = Grid(title="overhead: a zero-cost model, one burst")
-    for column in rows[0]:
+    columns = [c for c, v in rows[0].items() if not isinstance(v, dict)]
+    for column in columns:
         grid.add_column(column.replace("_", " "), justify="right")
     for row in rows:
-        grid.add_row(*(str(v) for v in row.values()))
+        grid.add_row(*(str(row[c]) for c in columns))
     console.print(grid)
+    for row in rows:  # the largest shares of Redis's time per task, by command
+        top = list(row["redis_us_per_task_by_command"].items())[:6]
+        console.print(
+            f"{row['system']}: Redis µs per task by command: "
+            + ", ".join(f"{name} {us}" for name, us in top)
+        )
