@@ -19,7 +19,7 @@ from tandem.broker.errors import (
     TandemError,
 )
 from tandem.broker.retry import DISCONNECTS
-from tandem.broker.runner import Runner, partial, raise_converted
+from tandem.broker.runner import Runner, cut_short, raise_converted
 from tandem.broker.scripts.layouts import RequeueArgs, RequeueKeys, RouteArgs, RouteKeys, pack
 
 #: Messages per route script call: a burst is routed in calls of this many, so that
@@ -148,11 +148,11 @@ class Routes(Runner):
         try:
             return self._step("route", self._replicated, script, call)
         except NotReplicated as e:
-            raise partial(e, routed) from None
+            raise cut_short(e, routed) from None
         except redis.ResponseError as e:
             raise_converted(e, routed)
         except DISCONNECTS as e:
-            raise partial(BrokerUnavailable(f"cannot reach Redis: {e}"), routed) from e
+            raise cut_short(BrokerUnavailable(f"cannot reach Redis: {e}"), routed) from e
 
     def _replicated(self, script, call: dict):
         """Run the route script (a route_call); with settings.min_replicas, also WAIT, in

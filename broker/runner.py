@@ -122,7 +122,7 @@ class Runner:
         return acked
 
 
-def partial(error: TandemError, routed: list) -> TandemError:
+def cut_short(error: TandemError, routed: list) -> TandemError:
     """The error of a burst cut short, with `.routed`: the replies of what went before."""
     error.routed = routed
     return error
@@ -133,7 +133,7 @@ def raise_converted(e: redis.ResponseError, routed: list | None = None) -> NoRet
     says it all: no Redis error is chained under it."""
     error = convert_error(e)
     if routed is not None and isinstance(error, TandemError):
-        partial(error, routed)
+        cut_short(error, routed)
     raise error from (None if isinstance(error, UnknownModel) else e)
 
 

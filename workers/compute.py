@@ -5,6 +5,7 @@ batch (the pair of second-level sets); then hand the results to the returner."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -45,11 +46,9 @@ class Computes:
     _last_end: float | None
     _untold: State | None
 
-    def _tell(self, state: State) -> None:
-        raise NotImplementedError
+    _stop: threading.Event
 
-    def _stopping(self) -> bool:
-        raise NotImplementedError
+    def _tell(self, state: State) -> None: ...
 
     def _compute(self, batch: Batch, *, woke: bool = False) -> Batch:
         """Prepare a batch (decode, check, validate), top it up, and compute it on the
@@ -95,7 +94,7 @@ class Computes:
                     else:
                         way = forward_serially if self._timed else forward
                         computing = self._device.submit(way, self.model, inputs)
-                    if self.settings.pipeline and not suspect and not self._stopping():
+                    if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
                     ran = computing.result()
             finally:

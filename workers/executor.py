@@ -292,9 +292,6 @@ class Executor(Computes):
         log.info("executor %s stopping: %d unstarted tasks back to L1", self.id, moved)
         return Batch()
 
-    def _stopping(self) -> bool:
-        return self._stop.is_set()
-
     def tick(self) -> None:
         """A sign of progress, which the heartbeat reads (see stuck())."""
         self._ticked = time.monotonic()
