@@ -194,9 +194,14 @@ def test_the_latency_profile_times_every_path_alike(tmp_path):
     assert bare["ratio_p50"] == 1.0 and floor["over_floor_p50"] == 1.0
     commands = {row["command"] for row in report["redis_us"]}
     assert {"route_one", "complete"} <= commands  # its own scripts, timed by Redis
-    # The hop table: every step of a task's path seen for each task, in the path's order.
+    # The hop table: every step of a task's path, in the path's order. The producer's steps
+    # are seen for each task; the worker's, for each task that found it idle (its L2 wait),
+    # which a loaded machine may make fewer than all.
     hops = {row["step"]: row for row in report["hops"]}
-    assert len(hops) == 7 and all(row["tasks"] == 3 for row in hops.values())
+    assert len(hops) == 7 and all(row["tasks"] >= 1 for row in hops.values())
+    producer = ("the producer sends the route script", "submit returns",
+                "the producer has the result")  # fmt: skip
+    assert all(hops[step]["tasks"] == 3 for step in producer)
     at = {step: row["at_ms"] for step, row in hops.items()}
     assert (
         0 < at["the producer sends the route script"] < at["the worker's BLMOVE returns the task"]
