@@ -120,7 +120,7 @@ def test_the_overload_profile_accounts_for_every_task(tmp_path):
     pytest.importorskip("matplotlib")
     from tandem.broker.settings import load_settings
     from tandem.tools import overload, shed
-    from tandem.tools.bench import SYSTEMS
+    from tandem.tools.harness import SYSTEMS
 
     settings = load_settings(env={}).replace(models=(overload.MODEL,), loglevel="WARNING")
     row = overload.run_point(

@@ -4,7 +4,7 @@ A local stack (Redis, a coordinator, worker processes) serves `sim` with a cold 
 a worker takes cold_s to load its model before its executor registers. Open-loop Poisson
 arrivals follow a trace in multiples of one executor's capacity, every task due within
 the SLO of its scheduled arrival; results are recorded by a process of their own
-(overload.Recorder). Every TICK_S a policy sets how many worker processes run; one
+(harness.Recorder). Every TICK_S a policy sets how many worker processes run; one
 scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
 
 - static: the trace's peak, all the time;
@@ -30,7 +30,6 @@ import: a few seconds here) is not: it adds to the injected cold start.
 from __future__ import annotations
 
 import math
-import random
 import tempfile
 import threading
 import time
@@ -48,9 +47,8 @@ from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.stack import Stack
-from tandem.tools import oracle
-from tandem.tools.bench import due_groups
-from tandem.tools.overload import Recorder
+from tandem.tools import harness, oracle
+from tandem.tools.harness import Recorder, Report, burst_rate, figure, save_figure
 
 MODEL = "sim:1"
 #: One executor: 80 ms + 2.5 ms a task, 8 a batch: about 80 tasks/s at its largest batch.
@@ -99,16 +97,8 @@ POLICIES = ("static", "keda", "ray", "tandem")
 
 
 def arrivals(trace: Trace, capacity: float, seed: int) -> list[float]:
-    """Poisson arrivals at the trace's rate (thinning a process at its peak)."""
-    rng = random.Random(seed)
-    peak = max(trace.load(t / 10) for t in range(int(trace.seconds * 10))) * capacity
-    t, out = 0.0, []
-    while True:
-        t += rng.expovariate(peak)
-        if t >= trace.seconds:
-            return out
-        if rng.random() * peak <= trace.load(t) * capacity:
-            out.append(t)
+    """Poisson arrivals at the trace's rate."""
+    return harness.arrivals(lambda t: trace.load(t) * capacity, trace.seconds, seed)
 
 
 def measure_capacity(settings: Settings, tasks: int = 1200) -> float:
@@ -129,9 +119,7 @@ def measure_capacity(settings: Settings, tasks: int = 1200) -> float:
             arrived = recorder.collect()
             producer.close()
     done = [arrived[r.id] for r in burst if r.id in arrived]
-    times = sorted(a.at for a in done if a.status == "SUCCESS")
-    low, high = len(times) // 10, 9 * len(times) // 10
-    return round((high - low) / (times[high] - times[low]), 1)
+    return burst_rate([a.at for a in done if a.status == "SUCCESS"])
 
 
 def _settings(settings: Settings, cold_s: float) -> Settings:
@@ -239,7 +227,8 @@ def _measure(
             target=_steer, args=(stack, scaler, table, start, timeline, stop), daemon=True
         )
         steering.start()
-        due, refused, began = _drive(producer, schedule, stack)
+        sent = _drive(producer, schedule, stack)
+        due = sent.due
         recorder.wait(warm + len(due), 30 + COST["slo_ms"] / 1000, stack.check)
         stop.set()
         steering.join(10)
@@ -249,7 +238,7 @@ def _measure(
         arrived = recorder.collect()
         producer.close()
         client.close()
-    row = _row(policy_name, trace, cold_s, (due, refused, began), arrived, timeline, stats)
+    row = _row(policy_name, trace, cold_s, sent, arrived, timeline, stats)
     row["capacity_rps"] = capacity
     row["oracle_executor_s"] = oracle_executor_s(trace, cold_s, capacity, seed)
     row["vs_oracle"] = round(row["executor_s"] / row["oracle_executor_s"], 2)
@@ -278,27 +267,20 @@ def _steer(stack, scaler, table, start, timeline, stop) -> None:
         stop.wait(TICK_S)
 
 
-def _drive(producer: Client, schedule: list[float], stack: Stack) -> tuple[dict, list, float]:
-    """The open-loop arrivals, each due by its scheduled arrival plus the SLO. Returns
-    (task id: its scheduled arrival, epoch s), the scheduled arrivals of those refused at
-    submit, and when the schedule started (epoch s)."""
-    due: dict[str, float] = {}
-    refused: list[float] = []
+def _drive(producer: Client, schedule: list[float], stack: Stack) -> harness.Sent:
+    """The open-loop arrivals, each due by its scheduled arrival plus the SLO."""
     slo_s = COST["slo_ms"] / 1000
-    began = time.time()
-    for i, j, start in due_groups(schedule, stack.check, clock=time.time):
-        began = start
-        at = start + schedule[i]
-        batch = [[k] for k in range(i, j)]
+
+    def submit(batch: list, at: float) -> tuple[list[str], int]:
         try:
             results = producer.submit_many(
                 MODEL, batch, deadline_s=max(1e-3, at + slo_s - time.time())
             )
         except (Overloaded, QueueFull) as e:
             results = e.accepted
-        refused += [at] * (len(batch) - len(results))
-        due.update(dict.fromkeys((r.id for r in results), at))
-    return due, refused, began
+        return [r.id for r in results], len(batch) - len(results)
+
+    return harness.drive(schedule, submit, stack.check)
 
 
 def oracle_executor_s(trace: Trace, cold_s: float, capacity: float, seed: int = 1) -> float:
@@ -316,9 +298,8 @@ def oracle_executor_s(trace: Trace, cold_s: float, capacity: float, seed: int = 
 
 
 def _row(policy, trace, cold_s, sent, arrived, timeline, stats) -> dict[str, Any]:
-    """sent: (task id: scheduled arrival, the refused tasks' scheduled arrivals, the
-    schedule's start), all in epoch s."""
-    due, refused, began = sent
+    """sent: what harness.drive sent (scheduled arrivals, in epoch s)."""
+    due, refused, began = sent.due, sent.refused, sent.began
     slo_s = COST["slo_ms"] / 1000
     to_enough = _to_enough(trace, timeline)
     # The reaction to a step: from it until enough executors served (or the trace's end).
@@ -416,14 +397,9 @@ COLUMNS = (
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """Workers and offered load (in executors' worth) over time, one panel per trace and
     cold start, a line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = sorted({(r["trace"], r["cold_s"]) for r in rows})
-    figure, axes = plt.subplots(len(groups), 1, figsize=(9, 3.2 * len(groups)), squeeze=False)
-    for ax, (trace_name, cold_s) in zip(axes[:, 0], groups, strict=True):
+    fig, axes = figure(len(groups), width=9, height=3.2, stacked=True)
+    for ax, (trace_name, cold_s) in zip(axes, groups, strict=True):
         trace = TRACES.get(trace_name, QUICK_TRACE)
         span = max(t for r in rows if r["trace"] == trace_name for t, *_ in r["timeline"])
         xs = [x / 10 for x in range(int(span * 10))]
@@ -431,10 +407,38 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         for r in rows:
             if (r["trace"], r["cold_s"]) == (trace_name, cold_s):
                 ts = [t for t, *_ in r["timeline"]]
-                ax.step(ts, [alive for _, alive, _, _ in r["timeline"]], where="post",
-                        label=f"{r['policy']} workers")  # fmt: skip
-        ax.set_title(f"{trace_name}, cold start {cold_s:g} s (time compressed {COMPRESS}x)")
-        ax.set_xlabel("s")
-        ax.legend(fontsize=7, ncol=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+                ax.step(
+                    ts,
+                    [alive for _, alive, _, _ in r["timeline"]],
+                    where="post",
+                    label=f"{r['policy']} workers",
+                )
+        ax.set(
+            title=f"{trace_name}, cold start {cold_s:g} s (time compressed {COMPRESS}x)", xlabel="s"
+        )
+    save_figure(fig, path)
+
+
+def report(settings: Settings, *, quick: bool, churn: bool, progress) -> Report:
+    """Every policy on every trace, each on a stack of its own; quick: a short step,
+    tandem's signal and the KEDA-like policy, a 1 s cold start; churn: 20 minutes of
+    scale-ins under load, counting what they lose."""
+    if churn:
+        plan = [("churn", CHURN_TRACE, 1.0)]
+    elif quick:
+        plan = [(p, QUICK_TRACE, 1.0) for p in ("tandem", "keda")]
+    else:
+        colds = (("step", (1.0, 4.0)), ("ramp", (4.0,)), ("sawtooth", (4.0,)))
+        plan = [(p, TRACES[t], c) for t, cs in colds for c in cs for p in POLICIES]
+    progress("measuring one executor's capacity ...")
+    capacity = measure_capacity(settings)
+    rows = []
+    for policy, trace, cold in plan:
+        progress(f"{policy} on {trace.name}, cold start {cold:g} s ...")
+        rows.append(run(policy, trace, cold_s=cold, settings=settings, capacity=capacity))
+        progress("  " + ", ".join(f"{c} {rows[-1][c]}" for c in COLUMNS[3:]))
+    title = (
+        f"tandem bench, profile autoscale: {MODEL}, one executor {capacity:g} "
+        f"tasks/s, SLO {COST['slo_ms']:g} ms, time compressed {COMPRESS}x"
+    )
+    return Report(rows, draw=lambda path: plot(rows, path)).table(title, COLUMNS, rows)

@@ -28,6 +28,18 @@ BATCHES_TASK, BATCHES_QUEUE = "bench.batches", "bench.batches"
 TASKS, BATCHES = "bench:tasks", "bench:batches"
 
 
+def task_of(kind: str) -> tuple[str, str]:
+    """The task name and queue of a baseline kind (plain or batches)."""
+    return (PLAIN_TASK, PLAIN_QUEUE) if kind == "plain" else (BATCHES_TASK, BATCHES_QUEUE)
+
+
+def producer(url: str) -> Celery:
+    """A Celery app that sends the baselines' tasks, as their callers would."""
+    app = Celery("bench-producer", broker=url, backend=url)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    return app
+
+
 def make_compute(settings: Settings) -> Callable[[list[Any]], list[Any]]:
     """The batch computation of the first configured model, as tandem's executor runs it."""
     from tandem.workers.models import load_model

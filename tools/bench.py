@@ -8,27 +8,24 @@ producer falling behind shows as latency, not as a lower rate.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import random
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import redis
-
-from tandem.broker import keys
-from tandem.broker.errors import ProcessExited
 from tandem.broker.settings import Settings
-from tandem.producers.client import Client
-from tandem.server import RedisServer
-from tandem.stack import Child, spawn, stop_process, wait_for_executors
-from tandem.tools import baselines
-from tandem.tools.load import ResultWatcher, percentile
+from tandem.tools import baselines, harness
+from tandem.tools.harness import (
+    Point,
+    Recorder,
+    Report,
+    System,
+    arrivals,
+    figure,
+    percentile,
+    point_folder,
+    save_figure,
+)
 from tandem.tools.samples import sampler
 
 WARMUP_TASKS = 20
@@ -58,174 +55,9 @@ PROFILES = {
 }
 
 
-@dataclass(frozen=True)
-class System:
-    name: str
-    kind: str  # tandem | plain | batches
-    flush_interval_ms: float = 0.0
-    pipeline: bool = True  # tandem: prepare the next batch while one computes
-    deadline_aware: bool = True  # tandem: shed by predicted finish (off: only the expired)
-
-
-SYSTEMS = {
-    s.name: s
-    for s in (
-        System("tandem", "tandem"),
-        System("tandem/no-pipeline", "tandem", pipeline=False),
-        System("tandem/no-deadline", "tandem", deadline_aware=False),
-        System("celery-plain", "plain"),
-        System("celery-batches/10ms", "batches", 10.0),
-        System("celery-batches/50ms", "batches", 50.0),
-    )
-}
-
-
-class Running:
-    """One system started on its own Redis: submit, count queued, stop."""
-
-    def __init__(self, system: System, settings: Settings, workers: int, folder: Path) -> None:
-        self.system = system
-        self.server = RedisServer(folder / "redis").start()
-        self.settings = settings.replace(redis_url=self.server.url)
-        self.redis = redis.Redis.from_url(self.server.url)
-        self.processes: list[Child] = []
-        self.client: Client | None = None
-        self.app = None
-        try:
-            self._start(workers, folder)
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self, workers: int, folder: Path) -> None:
-        system = self.system
-        for n in range(workers):
-            worker = self.settings.replace(hostname=f"{system.kind}{n + 1}@bench")
-            log = folder / "logs" / f"{system.kind}{n + 1}.log"
-            if system.kind == "tandem":
-                worker = worker.replace(
-                    pipeline=system.pipeline, deadline_aware=system.deadline_aware
-                )
-                self.processes.append(spawn(["worker"], worker, log))
-            else:
-                args = [
-                    system.kind,
-                    f"--hostname={worker.hostname}",
-                    f"--flush-interval-ms={system.flush_interval_ms}",
-                ]
-                self.processes.append(spawn(args, worker, log, module="tandem.tools.baselines"))
-        if system.kind == "tandem":
-            self.client = Client(settings=self.settings)
-            wait_for_executors(self.redis, workers, 120, self.processes)
-        else:
-            from celery import Celery
-
-            self.app = Celery("bench-producer", broker=self.server.url, backend=self.server.url)
-            self.app.conf.update(task_serializer="json", accept_content=["json"])
-
-    def check(self) -> None:
-        """Raise ProcessExited, with its log tail, if a worker of this point has exited."""
-        for process in self.processes:
-            process.check()
-
-    def submit(self, batch: list[Any]) -> list[str]:
-        if self.system.kind == "tandem":
-            if len(batch) == 1:
-                return [self.client.submit(self.settings.models[0], batch[0]).id]
-            return [r.id for r in self.client.submit_many(self.settings.models[0], batch)]
-        name, queue = (
-            (baselines.PLAIN_TASK, baselines.PLAIN_QUEUE)
-            if self.system.kind == "plain"
-            else (baselines.BATCHES_TASK, baselines.BATCHES_QUEUE)
-        )
-        return [self.app.send_task(name, kwargs={"inputs": x}, queue=queue).id for x in batch]
-
-    def counters(self) -> tuple[int, int]:
-        """(tasks, batches) computed so far."""
-        if self.system.kind == "tandem":
-            rows = self.client.table.executors()
-            return sum(r.tasks for r in rows), sum(r.batches for r in rows)
-        tasks, batches = self.redis.mget(baselines.TASKS, baselines.BATCHES)
-        return int(tasks or 0), int(batches or 0)
-
-    def queued(self) -> int:
-        """Tasks still waiting in Redis (call after the workers stopped)."""
-        if self.system.kind == "tandem":
-            lists = [*keys.l1_keys(self.settings.models[0])]
-            lists += [
-                k
-                for p in (keys.L2_PREFIX, keys.INFLIGHT_PREFIX)
-                for k in self.redis.scan_iter(p + "*")
-            ]
-            return sum(self.redis.llen(k) for k in lists)
-        queue = baselines.PLAIN_QUEUE if self.system.kind == "plain" else baselines.BATCHES_QUEUE
-        return self.redis.llen(queue) + self.redis.hlen("unacked")
-
-    def stop_workers(self) -> None:
-        for process in self.processes:
-            stop_process(process, 60)
-
-    def close(self) -> None:
-        self.stop_workers()
-        for client in (self.client, self.app):
-            if client is not None:
-                client.close()
-        self.redis.close()
-        self.server.stop()
-
-
-def arrivals(rate: float, seconds: float, seed: int) -> list[float]:
-    """Poisson arrival offsets, in seconds from the start."""
-    rng, t, out = random.Random(seed), 0.0, []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
-        out.append(t)
-
-
-@contextlib.contextmanager
-def point_folder(prefix: str, what: str) -> Iterator[Path]:
-    """A temporary folder for one point's Redis and logs: removed when the point ends
-    well, kept (and named in the error) when a process of it exited."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield folder
-    except ProcessExited as e:
-        raise ProcessExited(f"{what} aborted (its files are kept in {folder}): {e}") from e
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def due_groups(
-    schedule: list[float], check: Callable[[], None], clock: Callable[[], float] = time.perf_counter
-) -> Iterator[tuple[int, int, float]]:
-    """Open-loop pacing: sleeps until the next arrival is due, then yields (i, j, start):
-    the arrivals schedule[i:j] due now (a producer that fell behind sends them together),
-    and the clock at the start. check() runs before each wait."""
-    start = clock()
-    i = 0
-    while i < len(schedule):
-        check()
-        now = clock() - start
-        if schedule[i] > now:
-            time.sleep(schedule[i] - now)  # pacing the open-loop arrivals
-            continue
-        j = i
-        while j < len(schedule) and schedule[j] <= now:
-            j += 1
-        yield i, j, start
-        i = j
-
-
-def drive(running: Running, schedule: list[float], make: Callable[[int], Any]) -> dict[str, float]:
+def drive(point: Point, schedule: list[float], make: Callable[[int], Any]) -> dict[str, float]:
     """Submit at the scheduled times (open loop); late arrivals go out together."""
-    due: dict[str, float] = {}
-    for i, j, start in due_groups(schedule, running.check):
-        for k, task_id in zip(
-            range(i, j), running.submit([make(k) for k in range(i, j)]), strict=True
-        ):
-            due[task_id] = start + schedule[k]
-    return due
+    return harness.drive(schedule, lambda batch, at: point.submit(batch), point.check, make).due
 
 
 def run_point(
@@ -240,24 +72,26 @@ def run_point(
 ) -> dict[str, Any]:
     make = sampler(settings.models[0], settings.repository)
     with point_folder("tandem-bench-", f"bench point {system.name} at {rate:g}/s") as folder:
-        running = Running(system, settings, workers, folder)
-        watcher = ResultWatcher(running.redis)
+        point = Point(system, settings, workers, folder)
         try:
-            warm = running.submit([make(n) for n in range(WARMUP_TASKS)])
-            watcher.wait(warm, 60, running.check)
-            tasks0, batches0 = running.counters()
-            due = drive(running, arrivals(rate, seconds, seed), make)
-            send_end = max(due.values(), default=time.perf_counter())
-            watcher.wait(list(due), drain_s, running.check)
-            tasks1, batches1 = running.counters()
-            running.stop_workers()
-            queued = running.queued()
+            recorder = Recorder(point.url)
+            try:
+                warm, _ = point.submit([make(n) for n in range(WARMUP_TASKS)])
+                recorder.wait(len(warm), 60, point.check)
+                tasks0, batches0 = point.counters()
+                due = drive(point, arrivals(rate, seconds, seed), make)
+                send_end = max(due.values(), default=time.time())
+                recorder.wait(len(warm) + len(due), drain_s, point.check)
+                tasks1, batches1 = point.counters()
+                point.stop_workers()
+                queued = point.queued()
+            finally:
+                got = recorder.collect()
         finally:
-            watcher.close()
-            running.close()
-    arrived = {t: watcher.arrived[t] for t in due if t in watcher.arrived}
-    latencies = [(at - due[t]) * 1000 for t, (at, _status) in arrived.items()]
-    in_time = sum(1 for at, _ in arrived.values() if at <= send_end)
+            point.close()
+    arrived = {t: got[t] for t in due if t in got}
+    latencies = [(a.at - due[t]) * 1000 for t, a in arrived.items()]
+    in_time = sum(1 for a in arrived.values() if a.at <= send_end)
     batches = batches1 - batches0
     return {
         "system": system.name,
@@ -268,7 +102,7 @@ def run_point(
         "p99_ms": round(percentile(latencies, 99), 2),
         "mean_batch": round((tasks1 - tasks0) / batches, 2) if batches else 1.0,
         "lost": len(due) - len(arrived) - queued,
-        "failed": sum(1 for _, status in arrived.values() if status != "SUCCESS"),
+        "failed": sum(1 for a in arrived.values() if a.status != "SUCCESS"),
         "sent": len(due),
         "backlog": len(due) - in_time,
         "unfinished": queued,
@@ -324,17 +158,8 @@ def limit_row(limit: dict[str, float], max_batch: int) -> dict[str, Any]:
     }
 
 
-def save_json(rows: list[dict[str, Any]], path: str) -> None:
-    Path(path).write_text(json.dumps(rows, indent=2) + "\n")
-
-
 def plot(rows: list[dict[str, Any]], limit: dict[str, float], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (latency, throughput) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (latency, throughput) = figure(2, height=4.8)
     measured = [r for r in rows if r["system"] != "limit"]
     for name in dict.fromkeys(r["system"] for r in measured):
         mine = sorted((r for r in measured if r["system"] == name), key=lambda r: r["offered_rps"])
@@ -346,17 +171,16 @@ def plot(rows: list[dict[str, Any]], limit: dict[str, float], path: str, title: 
     offered = sorted({r["offered_rps"] for r in measured})
     throughput.plot(offered, offered, color="lightgrey", linestyle=":", label="offered")
     latency.set(
-        xlabel="offered load (req/s)", ylabel="p99 latency (ms)", yscale="log", title="p99 latency"
+        xlabel="offered load (req/s)",
+        ylabel="p99 latency (ms)",
+        yscale="log",
+        title="p99 latency",
+        xscale="log",
     )
-    throughput.set(xlabel="offered load (req/s)", ylabel="achieved (req/s)", title="throughput")
-    for axis in (latency, throughput):
-        axis.set_xscale("log")
-        axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    throughput.set(
+        xlabel="offered load (req/s)", ylabel="achieved (req/s)", title="throughput", xscale="log"
+    )
+    save_figure(fig, path, title)
 
 
 COLUMNS = (
@@ -371,28 +195,6 @@ COLUMNS = (
     "failed",
     "backlog",
 )
-
-
-def table(rows: list[dict[str, Any]], title: str):
-    return rows_table(title, COLUMNS, rows, dim=lambda row: row["system"] == "limit")
-
-
-def rows_table(title: str, columns, rows: list[dict[str, Any]], *, dim=lambda row: False):
-    """A rich table of rows (dicts) in `columns`, the first on the left, None as "-"."""
-    from rich.table import Table
-
-    out = Table(title=title)
-    for n, column in enumerate(columns):
-        if n == 0:
-            out.add_column(column.replace("_", " "), no_wrap=True, min_width=19)
-        else:
-            out.add_column(column.replace("_", " "), justify="right")
-    for row in rows:
-        out.add_row(
-            *("-" if row[c] is None else str(row[c]) for c in columns),
-            style="dim" if dim(row) else None,
-        )
-    return out
 
 
 def point_line(row: dict[str, Any]) -> str:
@@ -412,14 +214,10 @@ def run_bench(
     seconds: float,
     workers: int,
     drain_s: float,
-    json_path: str | None,
-    plot_path: str | None,
-    console=None,
-) -> list[dict[str, Any]]:
-    from rich.console import Console
+    console,
+) -> Report:
     from rich.progress import Progress
 
-    console = console or Console(width=max(Console().width, 110))
     settings = settings.replace(models=(profile.model,), max_wait_ms=0.0, **dict(profile.settings))
     limit = limits(settings, workers)
     rows = []
@@ -438,15 +236,11 @@ def run_bench(
         f"tandem bench, profile {profile.name}: {profile.model}, {workers} workers, "
         f"max batch {settings.max_batch}, {seconds:g}s per point"
     )
-    console.print(table(rows, title))
-    console.print(
+    report = Report(rows, draw=lambda path: plot(rows, limit, path, title))
+    report.table(title, COLUMNS, rows, dim=lambda row: row["system"] == "limit")
+    return report.line(
         f"floor = compute of 1 item = {limit['floor_ms']} ms; ceiling = {workers} "
         f"workers x {settings.max_batch} / cost({settings.max_batch}) = "
         f"{limit['ceiling_rps']} req/s. lost = sent - done - still queued; "
         "backlog = not done when the arrivals ended."
     )
-    if json_path:
-        save_json(rows, json_path)
-    if plot_path:
-        plot(rows, limit, plot_path, title)
-    return rows

@@ -28,7 +28,7 @@ from tandem.broker import keys
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.stack import Stack
-from tandem.tools.overload import Recorder
+from tandem.tools.harness import Recorder, Report, burst_rate
 
 STAGES = ("collate", "copy_in", "compute", "copy_out", "split")
 #: sim: a 20 ms compute per batch of 32 (1,600 tasks/s), host stages of (collate, copy) ms.
@@ -60,9 +60,8 @@ def burst(
             arrived = recorder.collect()
             producer.close()
             client.close()
-    times = sorted(arrived[r.id].at for r in results if r.id in arrived)
-    low, high = len(times) // 10, 9 * len(times) // 10
-    rate = (high - low) / (times[high] - times[low])
+    times = [arrived[r.id].at for r in results if r.id in arrived]
+    rate = burst_rate(times)
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     batches = delta.get("batch_size:count", 0.0)
     mean_batch = delta.get("batch_size:sum", 0.0) / batches if batches else 0.0
@@ -149,4 +148,35 @@ def main_rows(settings: Settings, quick: bool, embed: bool) -> dict[str, list]:
     started = time.monotonic()
     out = {"sim": sim_rows(settings, quick), "models": model_rows(settings, quick, embed)}
     out["seconds"] = [round(time.monotonic() - started)]
+    return out
+
+
+COLUMNS = (
+    "collate_ms",
+    "copy_ms",
+    "staging",
+    "throughput",
+    "of_ceiling",
+    "mean_batch",
+    "period_ms",
+    "max_stage_ms",
+    "sum_stages_ms",
+)
+
+
+def report(settings: Settings, *, quick: bool, embed: bool) -> Report:
+    """sim with host-stage costs, then cnn:1 (and minilm:1), staging on and off."""
+    data = main_rows(settings, quick, embed)
+    out = Report(data).table(
+        "tandem bench, profile device: sim, 20 ms a batch of 32", COLUMNS, data["sim"]
+    )
+    for line in period_check(data["sim"]):
+        out.line(line)
+    for row in data["models"]:
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in row["shares"].items())
+        out.line(
+            f"{row['model']} {'staged' if row['staging'] else 'serial'}: "
+            f"{row['throughput']:g} tasks/s, batch {row['mean_batch']:g}; stage ms "
+            f"{row['stages_ms']}; shares: {shares}"
+        )
     return out

@@ -25,6 +25,7 @@ from tandem.producers.client import Client
 from tandem.server import RedisServer, SentinelGroup
 from tandem.stack import spawn, stop_process, wait_for_executors
 from tandem.tools import whereabouts
+from tandem.tools.harness import drive
 
 MODEL = "sim:1"
 
@@ -63,26 +64,31 @@ class FailoverReport:
 
 
 class Producer(threading.Thread):
-    """Submits one task every 1/rate s; keeps every accepted result, counts refusals, and
-    the time each task was accepted."""
+    """Submits one task every 1/rate s, open loop (at most HORIZON_S); keeps every
+    accepted result, counts refusals, and the time each task was accepted."""
+
+    HORIZON_S = 600
 
     def __init__(self, client: Client, rate: float) -> None:
         super().__init__(name="failover producer", daemon=True)
-        self.client, self.period = client, 1.0 / rate
+        self.client, self.rate = client, rate
         self.accepted: list[tuple[float, object]] = []
         self.refused = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
-        n = 0
-        while not self.stop.wait(self.period):  # the load's own pace
-            n += 1
+        schedule = [(n + 1) / self.rate for n in range(int(self.rate * self.HORIZON_S))]
+        drive(schedule, self._submit, lambda: None, stop=self.stop.is_set)
+
+    def _submit(self, batch: list, at: float) -> tuple[list[str], int]:
+        for inputs in batch:
             try:
-                result = self.client.submit(MODEL, [n])
+                result = self.client.submit(MODEL, inputs)
             except TandemError:
                 self.refused += 1
                 continue
             self.accepted.append((time.monotonic(), result))
+        return [], 0
 
 
 def run_failover(

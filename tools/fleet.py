@@ -27,44 +27,10 @@ from tandem.broker.settings import load_settings
 from tandem.broker.table import Table
 from tandem.server import RedisServer
 from tandem.stack import Child, Stack, spawn, stop_process, wait_for_executors
-from tandem.tools.bench import SYSTEMS, Running
+from tandem.tools.harness import SYSTEMS, Point, RedisMeter, Report, figure, save_figure
 
 MODEL = "sim:1"
 SIZES = (2, 32, 256, 1024)
-
-
-class RedisMeter:
-    """Redis's own CPU seconds and command counts between start() and read()."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-
-    def _cpu(self) -> float:
-        info = self.client.info("cpu")
-        return info["used_cpu_user"] + info["used_cpu_sys"]
-
-    def start(self) -> RedisMeter:
-        self.client.config_resetstat()
-        self.cpu0, self.t0 = self._cpu(), time.monotonic()
-        return self
-
-    def read(self) -> dict[str, float]:
-        cpu, elapsed = self._cpu() - self.cpu0, time.monotonic() - self.t0
-        stats = self.client.info("commandstats")
-        scripts = stats.get("cmdstat_evalsha", {})
-        calls = self.client.info("stats")["total_commands_processed"]
-        return {
-            "cpu_s": cpu,
-            "elapsed_s": elapsed,
-            "commands": calls,
-            "script_calls": scripts.get("calls", 0),
-            "script_us": scripts.get("usec", 0),
-            #: Redis's time in each command (inside scripts too, and EVALSHA the scripts'
-            #: own), µs: where a change in the CPU per task comes from.
-            "usec_by_command": {
-                name.removeprefix("cmdstat_"): stat["usec"] for name, stat in stats.items()
-            },
-        }
 
 
 def route_cost(size: int, tasks: int, folder: Path) -> dict[str, Any]:
@@ -183,20 +149,20 @@ def fairness(executors: int, rate: float, seconds: float, folder: Path) -> dict[
 def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, Any]:
     """A zero-cost model: a burst of `tasks` through `system`; tasks/s and Redis CPU."""
     settings = load_settings(models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0)
-    running = Running(SYSTEMS[system], settings, workers, folder / system.replace("/", "-"))
+    point = Point(SYSTEMS[system], settings, workers, folder / system.replace("/", "-"))
     try:
-        first = running.submit([[0]])
-        _wait(Stored(running.redis, first), 60)
-        done0, batches0 = running.counters()
-        meter = RedisMeter(running.redis).start()
+        first, _ = point.submit([[0]])
+        _wait(Stored(point.redis, first), 60)
+        done0, batches0 = point.counters()
+        meter = RedisMeter(point.redis).start()
         ids: list[str] = []
         for start in range(0, tasks, 256):
-            ids += running.submit([[n] for n in range(start, min(start + 256, tasks))])
-        _wait(Stored(running.redis, ids), 300)
+            ids += point.submit([[n] for n in range(start, min(start + 256, tasks))])[0]
+        _wait(Stored(point.redis, ids), 300)
         m = meter.read()
-        done, batches = running.counters()
+        done, batches = point.counters()
     finally:
-        running.close()
+        point.close()
     mean_batch = (done - done0) / (batches - batches0) if batches > batches0 else 1.0
     return {
         "system": system,
@@ -265,27 +231,14 @@ BEFORE_ROUTE_US = {2: 19.7, 32: 75.2, 256: 590.0, 1024: 2691.0}
 
 
 def plot_fleet(report: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (route, fair) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (route, fair) = figure(2, height=4.8)
     sizes = [row["executors"] for row in report["route"]]
     before = [BEFORE_ROUTE_US[n] for n in sizes if n in BEFORE_ROUTE_US]
     route.plot(sizes[: len(before)], before, marker="o", label="before (scan every executor)")
-    route.plot(
-        sizes,
-        [r["all_busy_us_per_route"] for r in report["route"]],
-        marker="o",
-        label="ready set, all busy",
-    )
-    route.plot(
-        sizes,
-        [r["one_idle_us_per_route"] for r in report["route"]],
-        marker="o",
-        label="ready set, one idle",
-    )
+    for case, label in (("all_busy", "ready set, all busy"), ("one_idle", "ready set, one idle")):
+        route.plot(
+            sizes, [r[f"{case}_us_per_route"] for r in report["route"]], marker="o", label=label
+        )
     route.set(
         xscale="log",
         yscale="log",
@@ -300,66 +253,47 @@ def plot_fleet(report: dict[str, Any], path: str) -> None:
         ylabel="tasks",
         title=f"fairness: {report['fairness']['tasks']} tasks at low load",
     )
-    for axis in (route, fair):
-        axis.grid(True, alpha=0.3)
-    route.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_overhead(rows: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, (rate, cpu) = figure(2, height=4.4)
     names = [row["system"] for row in rows]
     rate.bar(names, [row["tasks_per_s"] for row in rows])
     rate.set(ylabel="tasks/s", title="a zero-cost model: throughput of a burst")
     cpu.bar(names, [row["redis_cpu_us_per_task"] for row in rows], color="tab:orange")
     cpu.set(ylabel="µs", title="Redis CPU per task")
     for axis in (rate, cpu):
-        axis.grid(True, axis="y", alpha=0.3)
         axis.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
-def print_fleet(report: dict[str, Any], console) -> None:
-    from rich.table import Table as Grid
-
-    grid = Grid(title="route cost per submit (Redis script time)")
-    for column in ("executors", "before µs", "all busy µs", "routes/s", "one idle µs"):
-        grid.add_column(column, justify="right")
-    for row in report["route"]:
-        grid.add_row(
-            str(row["executors"]),
-            str(BEFORE_ROUTE_US.get(row["executors"], "-")),
-            str(row["all_busy_us_per_route"]),
-            str(row["all_busy_routes_per_s"]),
-            str(row["one_idle_us_per_route"]),
-        )
-    console.print(grid)
+def fleet_report(folder: Path, quick: bool) -> Report:
+    report = run_fleet(folder, quick=quick)
+    rows = [{**row, "before_us": BEFORE_ROUTE_US.get(row["executors"])} for row in report["route"]]
+    columns = (
+        "executors",
+        "before_us",
+        "all_busy_us_per_route",
+        "all_busy_routes_per_s",
+        "one_idle_us_per_route",
+    )
+    out = Report(report, draw=lambda path: plot_fleet(report, path))
+    out.table("route cost per submit (Redis script time)", columns, rows)
     for name in ("path", "idle", "fairness"):
-        console.print(f"{name}: {report[name]}")
+        out.line(f"{name}: {report[name]}")
+    return out
 
 
-def print_overhead(rows: list[dict[str, Any]], console) -> None:
-    from rich.table import Table as Grid
-
-    grid = Grid(title="overhead: a zero-cost model, one burst")
+def overhead_report(names: list[str], folder: Path, quick: bool, workers: int) -> Report:
+    rows = run_overhead(names, folder, quick=quick, workers=workers)
+    out = Report(rows, draw=lambda path: plot_overhead(rows, path))
     columns = [c for c, v in rows[0].items() if not isinstance(v, dict)]
-    for column in columns:
-        grid.add_column(column.replace("_", " "), justify="right")
-    for row in rows:
-        grid.add_row(*(str(row[c]) for c in columns))
-    console.print(grid)
+    out.table("overhead: a zero-cost model, one burst", columns, rows)
     for row in rows:  # the largest shares of Redis's time per task, by command
         top = list(row["redis_us_per_task_by_command"].items())[:6]
-        console.print(
+        out.line(
             f"{row['system']}: Redis µs per task by command: "
             + ", ".join(f"{name} {us}" for name, us in top)
         )
+    return out

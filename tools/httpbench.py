@@ -19,23 +19,25 @@ import json
 import multiprocessing
 import socket
 import time
-import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
-import redis
 
 from tandem.broker.settings import Settings
-from tandem.producers.client import Client
-from tandem.server import RedisServer, free_port
-from tandem.stack import Child, spawn, stop_process, wait_for_executors
 from tandem.tools import bench
-from tandem.tools.bench import arrivals, point_folder
-from tandem.tools.load import percentile
+from tandem.tools.harness import (
+    SYSTEMS,
+    Point,
+    Report,
+    alternate,
+    arrivals,
+    percentile,
+    point_folder,
+)
 
 MODEL = "sim:1"
+TANDEM = SYSTEMS["tandem"]
 PATH = "/v2/models/sim/versions/1/infer"
 SPACINGS_MS = (30.0, 2.0)
 BLOCK = 50
@@ -49,51 +51,6 @@ def body(n: int) -> bytes:
     return json.dumps(
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [n]}]}
     ).encode()
-
-
-class Stack:
-    """A Redis, workers and one gateway in a folder; closed in reverse."""
-
-    def __init__(self, settings: Settings, folder: Path, workers: int) -> None:
-        self.server = RedisServer(folder / "redis").start()
-        self.settings = settings.replace(redis_url=self.server.url)
-        self.admin = redis.Redis.from_url(self.server.url)
-        self.children: list[Child] = []
-        try:
-            for n in range(workers):
-                worker = self.settings.replace(hostname=f"http{n + 1}@bench")
-                self.children.append(spawn(["worker"], worker, folder / f"worker{n + 1}.log"))
-            wait_for_executors(self.admin, workers, 120, self.children)
-            port = free_port()
-            self.url = f"http://127.0.0.1:{port}"
-            self.gateway = spawn(
-                ["http", f"--port={port}", "--max-concurrency=100000"],
-                self.settings,
-                folder / "gateway.log",
-            )
-            self.children.append(self.gateway)
-            self._wait_ready()
-        except BaseException:
-            self.close()
-            raise
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            self.gateway.check()
-            try:
-                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2):
-                    return  # 200: urlopen raises on anything else
-            except OSError:
-                pass
-            time.sleep(0.1)  # polling the gateway's readiness, bounded by the deadline
-        raise RuntimeError("the gateway was not ready within 60 s")
-
-    def close(self) -> None:
-        for child in reversed(self.children):
-            stop_process(child, 30)
-        self.admin.close()
-        self.server.stop()
 
 
 class RawHTTP:
@@ -138,45 +95,39 @@ class RawHTTP:
         self.sock.close()
 
 
-def _low_load(stack: Stack, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
-    http = RawHTTP(stack.url)
-    with Client(settings=stack.settings) as client:
+def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
+    http = RawHTTP(point.http_url)
+    client = point.client
 
-        def direct() -> float:
+    def timed(send) -> Callable[[], float]:
+        def once() -> float:
             start = time.perf_counter()
-            client.submit(MODEL, [1.0]).get(timeout=5)
+            send()
             return (time.perf_counter() - start) * 1000
 
-        def gateway() -> float:
-            start = time.perf_counter()
-            http.post(PATH, body(1))
-            return (time.perf_counter() - start) * 1000
+        return once
 
-        for _ in range(block):  # warm both paths
-            direct()
-            gateway()
-        rows = []
-        for spacing in spacings_ms:
-            progress(f"low load, spacing {spacing:g} ms: {tasks} requests of each path")
-            times: dict[str, list[float]] = {"direct": [], "http": []}
-            for _ in range(0, tasks, block):
-                for name, send in (("direct", direct), ("http", gateway)):
-                    for _ in range(block):
-                        times[name].append(send())
-                        time.sleep(spacing / 1000)  # the spacing between tasks: the load itself
+    paths = {
+        "direct": timed(lambda: client.submit(MODEL, [1.0]).get(timeout=5)),
+        "http": timed(lambda: http.post(PATH, body(1))),
+    }
+    rows = []
+    try:
+        for spacing, times in alternate(paths, spacings_ms, tasks, block, progress).items():
             p50 = {k: percentile(v, 50) for k, v in times.items()}
-            for name, values in times.items():
-                rows.append(
-                    {
-                        "path": name,
-                        "spacing_ms": spacing,
-                        "requests": len(values),
-                        "p50_ms": round(p50[name], 3),
-                        "p99_ms": round(percentile(values, 99), 3),
-                        "added_p50_ms": round(p50[name] - p50["direct"], 3),
-                    }
-                )
-    http.close()
+            rows += [
+                {
+                    "path": name,
+                    "spacing_ms": spacing,
+                    "requests": len(values),
+                    "p50_ms": round(p50[name], 3),
+                    "p99_ms": round(percentile(values, 99), 3),
+                    "added_p50_ms": round(p50[name] - p50["direct"], 3),
+                }
+                for name, values in times.items()
+            ]
+    finally:
+        http.close()
     return rows
 
 
@@ -222,17 +173,17 @@ def _closed_loop(url: str, requests: int, concurrency: int, out) -> None:
     asyncio.run(main())
 
 
-def _cpu(stack: Stack, requests: int, concurrency: int, progress) -> dict[str, Any]:
+def _cpu(point: Point, requests: int, concurrency: int, progress) -> dict[str, Any]:
     progress(f"gateway CPU: {requests} requests, {concurrency} at a time, one item each")
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    warm = context.Process(target=_closed_loop, args=(stack.url, 300, concurrency, out))
+    warm = context.Process(target=_closed_loop, args=(point.http_url, 300, concurrency, out))
     warm.start()
     out.get(timeout=120)
     warm.join()
-    process = psutil.Process(stack.gateway.pid)
+    process = psutil.Process(point.gateway.pid)
     before = process.cpu_times()
-    load = context.Process(target=_closed_loop, args=(stack.url, requests, concurrency, out))
+    load = context.Process(target=_closed_loop, args=(point.http_url, requests, concurrency, out))
     load.start()
     seconds, failed = out.get(timeout=600)
     load.join()
@@ -283,9 +234,7 @@ def _sweep(settings: Settings, rates, seconds: float, workers: int, progress) ->
     sim = settings.replace(models=(MODEL,), sim_base_ms=20.0, sim_per_item_ms=0.5)
     for rate in rates:
         progress(f"sim sweep at {rate:g} req/s: direct tandem, then through HTTP")
-        direct = bench.run_point(
-            bench.SYSTEMS["tandem"], sim, rate, seconds, workers=workers, drain_s=5.0
-        )
+        direct = bench.run_point(TANDEM, sim, rate, seconds, workers=workers, drain_s=5.0)
         rows.append(
             {
                 "path": "direct",
@@ -296,13 +245,13 @@ def _sweep(settings: Settings, rates, seconds: float, workers: int, progress) ->
             }
         )
         with point_folder("tandem-http-", f"http sweep at {rate:g}/s") as folder:
-            stack = Stack(sim, folder, workers)
+            point = Point(TANDEM, sim, workers, folder, gateway=True)
             try:
-                asyncio.run(_open_loop(stack.url, [i * 0.01 for i in range(50)]))  # warm
+                asyncio.run(_open_loop(point.http_url, [i * 0.01 for i in range(50)]))  # warm
                 schedule = arrivals(rate, seconds, seed=1)
-                latencies, failed = asyncio.run(_open_loop(stack.url, schedule))
+                latencies, failed = asyncio.run(_open_loop(point.http_url, schedule))
             finally:
-                stack.close()
+                point.close()
         rows.append(
             {
                 "path": "http",
@@ -333,12 +282,12 @@ def run_http(
     tasks = tasks or (100 if quick else TASKS)
     burst = burst or (1000 if quick else BURST)
     with point_folder("tandem-http-", "http profile") as folder:
-        stack = Stack(zero, folder, 1)
+        point = Point(TANDEM, zero, 1, folder, gateway=True)
         try:
-            low = _low_load(stack, spacings_ms, tasks, block, progress)
-            cpu = [_cpu(stack, burst, c, progress) for c in concurrencies]
+            low = _low_load(point, spacings_ms, tasks, block, progress)
+            cpu = [_cpu(point, burst, c, progress) for c in concurrencies]
         finally:
-            stack.close()
+            point.close()
     rates = rates or ((10.0, 300.0) if quick else SWEEP_RATES)
     seconds = seconds or (2.0 if quick else 5.0)
     sweep = _sweep(settings, rates, seconds, workers, progress)
@@ -355,3 +304,19 @@ CPU_COLUMNS = (
     "gateway_cpu_share",
 )
 SWEEP_COLUMNS = ("path", "offered_rps", "p50_ms", "p99_ms", "failed")
+
+
+def report(settings: Settings, *, quick: bool, workers: int, progress) -> Report:
+    data = run_http(settings, quick=quick, workers=workers, progress=progress)
+    out = Report(data)
+    out.table(
+        "tandem bench, profile http: one request at a time, sim at zero cost, one worker",
+        LOW_COLUMNS,
+        data["low_load"],
+    )
+    out.table("the gateway's CPU, a closed loop", CPU_COLUMNS, data["cpu"])
+    return out.table(
+        f"the sim sweep, {workers} workers: direct Client and through HTTP",
+        SWEEP_COLUMNS,
+        data["sweep"],
+    )

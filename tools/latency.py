@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -45,10 +44,8 @@ from tandem.broker.direct import DirectCalls
 from tandem.broker.faults import step_line, write_steps
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
-from tandem.server import RedisServer
-from tandem.stack import spawn, stop_process, wait_for_executors
 from tandem.tools import hops
-from tandem.tools.load import percentile
+from tandem.tools.harness import SYSTEMS, Point, Report, alternate, percentile, point_folder
 
 MODEL = "sim:1"
 SPACINGS_MS = (30.0, 2.0)
@@ -175,9 +172,15 @@ class Floor(Bare):
         channel = keys.result(task_id).encode()
         start = time.monotonic_ns()
         envelope = message.encode_checked(
-            MODEL, 1, queue=keys.l1(MODEL), task_id=task_id, priority=0, expires=None,
-            binary=False, limit=1 << 20,
-        )  # fmt: skip
+            MODEL,
+            1,
+            queue=keys.l1(MODEL),
+            task_id=task_id,
+            priority=0,
+            expires=None,
+            binary=False,
+            limit=1 << 20,
+        )
         routing = time.monotonic_ns()
         if self.direct.script(self.route, [FLOOR_READY, FLOOR_L1, FLOOR_L2], [envelope]) == 0:
             raise RuntimeError("the floor's route found no consumer in its ready set")
@@ -210,83 +213,76 @@ def run_latency(
     spacings_ms: tuple[float, ...] = SPACINGS_MS,
     tasks: int = TASKS,
     block: int = BLOCK,
-    progress=None,
+    progress=lambda text: None,
 ) -> dict[str, Any]:
     settings = settings.replace(
         models=(MODEL,), sim_base_ms=0.0, sim_per_item_ms=0.0, max_wait_ms=0.0
     )
-    with tempfile.TemporaryDirectory(prefix="tandem-latency-") as folder:
-        server = RedisServer(Path(folder) / "redis").start()
-        settings = settings.replace(redis_url=server.url, hostname="latency@bench")
+    with point_folder("tandem-latency-", "latency profile") as folder:
+        point = Point(SYSTEMS["tandem"], settings, 1, folder)
         context = multiprocessing.get_context("spawn")
         ready, stop = context.Event(), context.Event()
         floor_ready, dump = context.Event(), context.Event()
-        trace = Path(folder) / "floor-steps"
+        trace = folder / "floor-steps"
         trace.mkdir()
         consumers = [
-            context.Process(target=consume, args=(server.url, ready, stop), daemon=True),
+            context.Process(target=consume, args=(point.url, ready, stop), daemon=True),
             context.Process(
                 target=consume_floor,
-                args=(server.url, floor_ready, stop, dump, str(trace)),
+                args=(point.url, floor_ready, stop, dump, str(trace)),
                 daemon=True,
             ),
         ]
-        worker = spawn(["worker"], settings, Path(folder) / "worker.log")
-        admin = redis.Redis.from_url(server.url)
         try:
             for consumer in consumers:
                 consumer.start()
-            wait_for_executors(admin, 1, 120, [worker])
             if not (ready.wait(30) and floor_ready.wait(30)):
                 raise RuntimeError("the bare and floor consumers did not start within 30 s")
-            with Client(settings=settings) as client:
-                bare, floor = Bare(server.url), Floor(server.url)
-                try:
-                    paths = (bare, floor, client)
-                    report = _measure(admin, *paths, spacings_ms, tasks, block, progress)
-                    if progress:
-                        progress(f"hops: {block} tasks of the floor and of tandem at "
-                                 f"{spacings_ms[0]:g} ms, each noting its steps")  # fmt: skip
-                    floor_hops = hops.measure_floor_hops(
-                        floor.send, dump, trace, consumers[1],
-                        tasks=block, spacing_ms=spacings_ms[0],
-                    )  # fmt: skip
-                finally:
-                    bare.close()
-                    floor.close()
-                stop_process(worker, 30)  # the hops get a worker of their own
-                tandem_hops = hops.measure_hops(
-                    client, settings.replace(hostname="hops@bench"), Path(folder), admin, MODEL,
-                    tasks=block, spacing_ms=spacings_ms[0],
-                )  # fmt: skip
-                report["hops"] = hops.side_by_side(tandem_hops, floor_hops)
-                return report
+            client = point.client
+            bare, floor = Bare(point.url), Floor(point.url)
+            try:
+                report = _measure(
+                    point.redis, bare, floor, client, spacings_ms, tasks, block, progress
+                )
+                progress(
+                    f"hops: {block} tasks of the floor and of tandem at "
+                    f"{spacings_ms[0]:g} ms, each noting its steps"
+                )
+                floor_hops = hops.measure_floor_hops(
+                    floor.send,
+                    dump,
+                    trace,
+                    consumers[1],
+                    tasks=block,
+                    spacing_ms=spacings_ms[0],
+                )
+            finally:
+                bare.close()
+                floor.close()
+            point.stop_workers()  # the hops get a worker of their own
+            tandem_hops = hops.measure_hops(
+                client,
+                point.settings.replace(hostname="hops@bench"),
+                folder,
+                point.redis,
+                MODEL,
+                tasks=block,
+                spacing_ms=spacings_ms[0],
+            )
+            report["hops"] = hops.side_by_side(tandem_hops, floor_hops)
+            return report
         finally:
             stop.set()
             for consumer in consumers:
                 consumer.join(5)
-            stop_process(worker, 30)
-            admin.close()
-            server.stop()
+            point.close()
 
 
 def _measure(admin, bare, floor, client, spacings_ms, tasks, block, progress) -> dict[str, Any]:
-    paths = (("bare", bare.send), ("floor", floor.send), ("tandem", lambda: tandem_send(client)))
-    for _ in range(block):  # warm every path: connections, scripts, the latency model
-        for _, send in paths:
-            send()
-    rows, slow = [], defaultdict(list)
+    paths = {"bare": bare.send, "floor": floor.send, "tandem": lambda: tandem_send(client)}
     scripts = {s.sha: name for name, s in vars(client.table.scripts).items() if hasattr(s, "sha")}
-    for spacing in spacings_ms:
-        if progress:
-            progress(f"spacing {spacing:g} ms: {tasks} tasks of each path, blocks of {block}")
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in paths}
-        for _ in range(0, tasks, block):
-            for name, send in paths:
-                for _ in range(block):
-                    times[name].append(send())
-                    time.sleep(spacing / 1000)  # the spacing between tasks: the load itself
-        rows.extend(_rows(spacing, times))
+    timed = alternate(paths, spacings_ms, tasks, block, progress)
+    rows = [row for spacing, times in timed.items() for row in _rows(spacing, times)]
     # Redis's own time per command, in one more tandem block of its own (SLOWLOG for every
     # command slows Redis a little, so it runs apart from the blocks measured above).
     admin.config_set("slowlog-max-len", 100_000)
@@ -296,6 +292,7 @@ def _measure(admin, bare, floor, client, spacings_ms, tasks, block, progress) ->
         tandem_send(client)
         time.sleep(spacings_ms[0] / 1000)  # the first spacing
     admin.config_set("slowlog-log-slower-than", 10_000)
+    slow: dict[str, list[int]] = defaultdict(list)
     _collect(admin, scripts, slow)
     return {"rows": rows, "redis_us": _redis_table(slow)}
 
@@ -361,3 +358,21 @@ COLUMNS = (
 )
 
 REDIS_COLUMNS = ("command", "calls", "p50_us")
+
+
+def report(settings: Settings, *, quick: bool, progress) -> Report:
+    data = run_latency(settings, tasks=100 if quick else TASKS, progress=progress)
+    out = Report(data)
+    out.table(
+        "tandem bench, profile latency: one task at a time, sim at zero cost, one worker",
+        COLUMNS,
+        data["rows"],
+    )
+    out.line("send = LPUSH or submit(); wait = from then to the result in hand; ratio = over bare.")
+    out.table("Redis's own time per command, tandem blocks", REDIS_COLUMNS, data["redis_us"])
+    return out.table(
+        "Where one task's time goes: ms from the call to submit, medians "
+        "(tandem, and the floor's same step)",
+        hops.COLUMNS,
+        data["hops"],
+    )

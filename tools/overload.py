@@ -9,39 +9,33 @@ deadline (the rest was device time spent for nobody), the tasks shed at submit
 (Overloaded) and at claim (DeadlineExceeded, or Celery's REVOKED for an expired task),
 and the latency of the tasks served.
 
-Results are recorded by a process of their own, subscribed to every result channel, as
-a caller elsewhere would receive them: the producer's CPU (it sends up to 7,000 tasks a
-second here) never delays what is recorded.
+Results are recorded by a process of their own (harness.Recorder), as a caller
+elsewhere would receive them: the producer's CPU (it sends up to 7,000 tasks a second
+here) never delays what is recorded.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import multiprocessing
 import tempfile
-import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from tandem.broker import keys
-from tandem.broker.errors import Overloaded, QueueFull
 from tandem.broker.settings import Settings
-from tandem.tools import baselines
-from tandem.tools.bench import (
+from tandem.tools import harness, shed
+from tandem.tools.harness import (
     SYSTEMS,
-    Running,
+    Point,
+    Recorder,
+    Report,
     System,
     arrivals,
-    due_groups,
+    burst_rate,
+    figure,
+    percentile,
     point_folder,
-    rows_table,
+    save_figure,
 )
-from tandem.tools.load import percentile
 from tandem.tools.samples import sampler
 
 MODEL = "sim:1"
@@ -56,147 +50,42 @@ WARMUP_BURST = 128
 WARMUP_SINGLES = 8
 
 
-@dataclass
-class Arrival:
-    at: float  # epoch s, when the recorder received it
-    status: str
-    error: str | None  # exc_type of a FAILURE
-
-
-def _record(url: str, ready, stop, count, conn) -> None:
-    """The recorder process: every result published, with when it arrived."""
-    client = redis.Redis.from_url(url)
-    pubsub = client.pubsub()
-    pubsub.psubscribe(keys.RESULT_PREFIX + "*")
-    arrived: dict[str, tuple[float, str, str | None]] = {}
-    prefix = len(keys.RESULT_PREFIX)
-    while not stop.is_set():
-        msg = pubsub.get_message(timeout=0.05)
-        if msg is None:
-            continue
-        if msg["type"] == "psubscribe":
-            ready.set()  # Redis confirmed the subscription: nothing published is missed now
-            continue
-        now = time.time()
-        task_id = msg["channel"][prefix:].decode()
-        if task_id in arrived:
-            continue
-        meta = json.loads(msg["data"])
-        result = meta.get("result")
-        error = result.get("exc_type") if isinstance(result, dict) else None
-        arrived[task_id] = (now, meta["status"], error)
-        with count.get_lock():
-            count.value += 1
-    conn.send(arrived)
-    pubsub.close()
-    client.close()
-
-
-class Recorder:
-    """Results as a caller in another process receives them."""
-
-    def __init__(self, url: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.count = context.Value("q", 0)
-        self._ready, self._stop = context.Event(), context.Event()
-        self._conn, child = context.Pipe(duplex=False)
-        self._process = context.Process(
-            target=_record, args=(url, self._ready, self._stop, self.count, child), daemon=True
-        )
-        self._process.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the result recorder did not subscribe within 30 s")
-
-    def wait(self, n: int, timeout_s: float, check=lambda: None) -> int:
-        """Until n results arrived in all, or timeout_s passed; returns how many did."""
-        deadline = time.monotonic() + timeout_s
-        while self.count.value < n and time.monotonic() < deadline:
-            check()
-            self._stop.wait(0.02)  # polling a counter in shared memory, bounded above
-        return self.count.value
-
-    def collect(self) -> dict[str, Arrival]:
-        self._stop.set()
-        arrived = self._conn.recv()
-        self._process.join(10)
-        return {task_id: Arrival(*row) for task_id, row in arrived.items()}
-
-
-def submit(running: Running, batch: list[Any], deadline: float) -> tuple[list[str], int]:
-    """Send a batch, each task due by `deadline` (epoch s). Returns the ids accepted and
-    how many were refused at submit."""
-    if running.system.kind == "tandem":
-        try:
-            results = running.client.submit_many(
-                MODEL, batch, deadline_s=max(0.0, deadline - time.time())
-            )
-        except (Overloaded, QueueFull) as e:
-            results = e.accepted
-        return [r.id for r in results], len(batch) - len(results)
-    name, queue = (
-        (baselines.PLAIN_TASK, baselines.PLAIN_QUEUE)
-        if running.system.kind == "plain"
-        else (baselines.BATCHES_TASK, baselines.BATCHES_QUEUE)
-    )
-    expires = datetime.fromtimestamp(deadline, timezone.utc)
-    sent = [
-        running.app.send_task(name, kwargs={"inputs": x}, queue=queue, expires=expires).id
-        for x in batch
-    ]
-    return sent, 0
-
-
-def drive(
-    running: Running, schedule: list[float], slo_ms: float
-) -> tuple[dict[str, float], int, list[float]]:
-    """Open-loop arrivals; overdue ones go out together, each with the deadline of the
-    earliest in its group. Returns (task id: its due arrival, epoch s), the refused, and
-    how late each group went out (ms): a producer that falls behind spends its tasks'
-    time before they reach Redis."""
+def drive(point: Point, schedule: list[float], slo_ms: float) -> harness.Sent:
+    """Open-loop arrivals, each group due by its earliest arrival plus the SLO."""
     make = sampler(MODEL, "")
-    due: dict[str, float] = {}
-    refused = 0
-    behind: list[float] = []
-    for i, j, start in due_groups(schedule, running.check, clock=time.time):
-        at = start + schedule[i]
-        behind.append((time.time() - at) * 1000)
-        ids, n = submit(running, [make(k) for k in range(i, j)], at + slo_ms / 1000)
-        refused += n
-        due.update(dict.fromkeys(ids, at))
-    return due, refused, behind
+    return harness.drive(
+        schedule, lambda batch, at: point.submit(batch, at + slo_ms / 1000), point.check, make
+    )
 
 
-def _warm(running: Running, recorder: Recorder) -> None:
+def _warm(point: Point, recorder: Recorder) -> None:
     """Bursts and singles, so that tandem's latency model has seen large and small
     batches before the load starts (and every system has run a batch)."""
     make = sampler(MODEL, "")
-    sent = running.submit([make(n) for n in range(WARMUP_BURST)])
-    recorder.wait(len(sent), 60, running.check)
+    sent, _ = point.submit([make(n) for n in range(WARMUP_BURST)])
+    recorder.wait(len(sent), 60, point.check)
     for n in range(WARMUP_SINGLES):
-        sent += running.submit([make(n)])
-        recorder.wait(len(sent), 10, running.check)
+        sent += point.submit([make(n)])[0]
+        recorder.wait(len(sent), 10, point.check)
 
 
 def measure_capacity(settings: Settings, workers: int, folder: Path) -> float:
     """tandem's throughput at saturation, tasks/s: a burst with no deadlines, timed between
     the 10th and the 90th percentile of its results' arrivals."""
-    running = Running(SYSTEMS["tandem"], settings, workers, folder)
+    point = Point(SYSTEMS["tandem"], settings, workers, folder)
     try:
-        recorder = Recorder(running.server.url)
+        recorder = Recorder(point.url)
         try:
-            _warm(running, recorder)
+            _warm(point, recorder)
             warm = recorder.count.value
             make = sampler(MODEL, "")
-            burst = running.client.submit_many(MODEL, [make(n) for n in range(CAPACITY_TASKS)])
-            ids = [r.id for r in burst]
-            recorder.wait(warm + len(ids), 120, running.check)
+            ids, _ = point.submit([make(n) for n in range(CAPACITY_TASKS)])
+            recorder.wait(warm + len(ids), 120, point.check)
         finally:
             arrived = recorder.collect()
     finally:
-        running.close()
-    times = sorted(arrived[t].at for t in ids if t in arrived)
-    low, high = times[len(times) // 10], times[9 * len(times) // 10]
-    return round((9 * len(times) // 10 - len(times) // 10) / (high - low), 1)
+        point.close()
+    return burst_rate([arrived[t].at for t in ids if t in arrived])
 
 
 def run_point(
@@ -213,23 +102,24 @@ def run_point(
     rate = load * capacity
     what = f"overload point {system.name} at {load:g}x"
     with point_folder("tandem-overload-", what) as folder:
-        running = Running(system, settings, workers, folder)
+        point = Point(system, settings, workers, folder)
         try:
-            recorder = Recorder(running.server.url)
+            recorder = Recorder(point.url)
             try:
-                _warm(running, recorder)
+                _warm(point, recorder)
                 warm = recorder.count.value
-                due, refused, behind = drive(running, arrivals(rate, seconds, 1), slo_ms)
-                recorder.wait(warm + len(due), drain_s + slo_ms / 1000, running.check)
-                running.stop_workers()
-                queued = running.queued()
+                sent = drive(point, arrivals(rate, seconds, 1), slo_ms)
+                recorder.wait(warm + len(sent.due), drain_s + slo_ms / 1000, point.check)
+                point.stop_workers()
+                queued = point.queued()
             finally:
                 arrived = recorder.collect()
         finally:
-            running.close()
-    row = _row(system, load, capacity, slo_ms, seconds, due, refused, arrived, queued)
-    row["behind_p50_ms"] = round(percentile(behind, 50), 1)
-    row["behind_p99_ms"] = round(percentile(behind, 99), 1)
+            point.close()
+    refused = len(sent.refused)
+    row = _row(system, load, capacity, slo_ms, seconds, sent.due, refused, arrived, queued)
+    row["behind_p50_ms"] = round(percentile(sent.behind_ms, 50), 1)
+    row["behind_p99_ms"] = round(percentile(sent.behind_ms, 99), 1)
     return row
 
 
@@ -327,19 +217,10 @@ COLUMNS = (
 )
 
 
-def table(rows: list[dict[str, Any]], title: str):
-    return rows_table(title, COLUMNS, rows)
-
-
 def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     slos = sorted({r["slo_ms"] for r in rows})
-    fig, axes = plt.subplots(1, len(slos), figsize=(6 * len(slos), 4.6), squeeze=False)
-    for axis, slo in zip(axes[0], slos, strict=True):
+    fig, axes = figure(len(slos))
+    for axis, slo in zip(axes, slos, strict=True):
         mine = [r for r in rows if r["slo_ms"] == slo]
         capacity = mine[0]["capacity_rps"]
         for name in dict.fromkeys(r["system"] for r in mine):
@@ -362,9 +243,48 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
             title=f"SLO {slo:g} ms",
             ylim=(0, capacity * 1.25),
         )
-        axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
+
+
+def report(
+    settings: Settings,
+    *,
+    quick: bool,
+    systems: list[System] | None,
+    loads: tuple[float, ...] | None,
+    slos_ms: tuple[float, ...] | None,
+    seconds: float | None,
+    shed_tasks: int | None,
+    workers: int,
+    progress,
+) -> Report:
+    """The profile: every system at every load and SLO, then the cost of shedding."""
+    names = QUICK_SYSTEMS if quick else DEFAULT_SYSTEMS
+    systems = systems or [SYSTEMS[name] for name in names]
+    seconds = seconds or (4.0 if quick else 8.0)
+    rows = run_overload(
+        settings,
+        systems=systems,
+        loads=loads or ((0.5, 2.0, 4.0) if quick else LOADS),
+        slos_ms=slos_ms or ((250.0,) if quick else SLOS_MS),
+        seconds=seconds,
+        workers=workers,
+        drain_s=5.0,
+        progress=progress,
+    )
+    title = (
+        f"tandem bench, profile overload: {MODEL}, {workers} workers, "
+        f"{seconds:g}s per point, capacity {rows[0]['capacity_rps']:g} req/s (measured)"
+    )
+    shed_tasks = (5000 if quick else 20000) if shed_tasks is None else shed_tasks
+    costs = shed.measure(settings, shed_tasks) if shed_tasks > 0 else []
+    out = Report({"points": rows, "shed_cost": costs}, draw=lambda path: plot(rows, path, title))
+    out.table(title, COLUMNS, rows)
+    out.line(
+        "goodput = SUCCESS within the SLO of its scheduled arrival, per second; met share = "
+        "goodput over all computed; shed submit = Overloaded; shed claim = DeadlineExceeded "
+        "(Celery: REVOKED, expired); late = computed after the deadline."
+    )
+    if costs:
+        out.table(shed.TITLE, shed.COLUMNS, costs)
+    return out

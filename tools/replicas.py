@@ -21,6 +21,7 @@ from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.tools.harness import Report
 from tandem.tools.latency import tandem_send, timing
 
 MODEL = "sim:1"
@@ -98,3 +99,12 @@ def _wait_gone(admin: redis.Redis, hostname: str, timeout_s: float = 30.0) -> No
 
 def _row(wanted: int, pairs: list[tuple[float, float]]) -> dict[str, Any]:
     return {"min_replicas": wanted, **timing(pairs)}
+
+
+def report(settings: Settings, *, quick: bool, progress) -> Report:
+    data = run_replicas(settings, tasks=100 if quick else 200, progress=progress)
+    title = (
+        f"tandem bench, profile replicas: submit and get(), one at a time, "
+        f"{data['spacing_ms']:g} ms apart, sim at zero cost, a primary and one replica"
+    )
+    return Report(data).table(title, COLUMNS, data["rows"])

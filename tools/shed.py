@@ -10,7 +10,6 @@ FAILURE received: the worker's CPU (user + system, from /proc) and Redis's CPU, 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
@@ -19,18 +18,21 @@ from typing import Any
 
 from tandem.broker import keys, message
 from tandem.broker.settings import Settings
-from tandem.tools.bench import SYSTEMS, Running, rows_table
-from tandem.tools.fleet import RedisMeter
-from tandem.tools.overload import MODEL, Recorder
+from tandem.tools.harness import SYSTEMS, Point, Recorder, RedisMeter, process_cpu_s
 
+MODEL = "sim:1"
 COMPUTE_MS = 2000.0
 DUE_S = 3.5
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a Linux process so far (utime and stime of its stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+TITLE = "the cost of shedding at claim, one worker (CPU per task)"
+COLUMNS = (
+    "what",
+    "tasks",
+    "answered",
+    "shed_by_prediction",
+    "worker_cpu_us_per_task",
+    "redis_cpu_us_per_task",
+    "elapsed_s",
+)
 
 
 def measure(settings: Settings, tasks: int) -> list[dict[str, Any]]:
@@ -47,32 +49,32 @@ def _run(settings: Settings, tasks: int, *, shed: bool) -> dict[str, Any]:
         max_wait_ms=0.0,
     )
     with tempfile.TemporaryDirectory(prefix="tandem-shed-") as folder:
-        running = Running(SYSTEMS["tandem"], settings, 1, Path(folder))
+        point = Point(SYSTEMS["tandem"], settings, 1, Path(folder))
         try:
-            recorder = Recorder(running.server.url)
+            recorder = Recorder(point.url)
             try:
-                return _measure(running, recorder, tasks, shed=shed)
+                return _measure(point, recorder, tasks, shed=shed)
             finally:
                 recorder.collect()
         finally:
-            running.close()
+            point.close()
 
 
-def _measure(running: Running, recorder: Recorder, tasks: int, *, shed: bool) -> dict[str, Any]:
-    client = running.client
+def _measure(point: Point, recorder: Recorder, tasks: int, *, shed: bool) -> dict[str, Any]:
+    client = point.client
     client.submit(MODEL, 0).get(timeout=30)  # the latency model's first batch
     client.submit(MODEL, 1)  # the executor computes this one (for 2 s when shedding)
     expires = datetime.now(timezone.utc) + timedelta(seconds=DUE_S) if shed else None
     queue = keys.l1(MODEL)
     encoded = [message.encode(MODEL, n, queue=queue, expires=expires) for n in range(tasks)]
     envelopes = [envelope for _, envelope in encoded]
-    with running.redis.pipeline(transaction=False) as pipe:
+    with point.redis.pipeline(transaction=False) as pipe:
         for start in range(0, tasks, 1000):
             pipe.lpush(queue, *envelopes[start : start + 1000])
         pipe.execute()
-    pid = running.processes[0].pid
-    meter, cpu0, t0 = RedisMeter(running.redis).start(), process_cpu_s(pid), time.monotonic()
-    got = recorder.wait(2 + tasks, 60, running.check)
+    pid = point.processes[0].pid
+    meter, cpu0, t0 = RedisMeter(point.redis).start(), process_cpu_s(pid), time.monotonic()
+    got = recorder.wait(2 + tasks, 60, point.check)
     elapsed, worker_cpu = time.monotonic() - t0, process_cpu_s(pid) - cpu0
     redis_cpu = meter.read()["cpu_s"]
     ids = [task_id for task_id, _ in encoded]
@@ -80,7 +82,7 @@ def _measure(running: Running, recorder: Recorder, tasks: int, *, shed: bool) ->
         "what": "shed at claim" if shed else "computed (zero-cost sim)",
         "tasks": tasks,
         "answered": got - 2,
-        "shed_by_prediction": _predicted(running, ids) if shed else 0,
+        "shed_by_prediction": _predicted(point, ids) if shed else 0,
         "worker_cpu_us_per_task": round(worker_cpu / tasks * 1e6, 1),
         "redis_cpu_us_per_task": round(redis_cpu / tasks * 1e6, 1),
         # When shedding, this includes the rest of the 2 s compute in hand.
@@ -88,19 +90,13 @@ def _measure(running: Running, recorder: Recorder, tasks: int, *, shed: bool) ->
     }
 
 
-def _predicted(running: Running, task_ids: list[str]) -> int:
+def _predicted(point: Point, task_ids: list[str]) -> int:
     """How many of the tasks' stored results say they were shed by prediction (rather than
     found already expired)."""
-    with running.redis.pipeline(transaction=False) as pipe:
+    with point.redis.pipeline(transaction=False) as pipe:
         for task_id in task_ids:
             pipe.get(keys.result(task_id))
         stored = pipe.execute()
     return sum(
         1 for raw in stored if raw and "would miss its deadline" in str(json.loads(raw)["result"])
     )
-
-
-def table(rows: list[dict[str, Any]]):
-    columns = ("what", "tasks", "answered", "shed_by_prediction")
-    columns += ("worker_cpu_us_per_task", "redis_cpu_us_per_task", "elapsed_s")
-    return rows_table("the cost of shedding at claim, one worker (CPU per task)", columns, rows)

@@ -29,6 +29,7 @@ from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
 from tandem.tools import chaos
+from tandem.tools.harness import arrivals, drive
 
 MODELS = ("sim:1", "tiny:1", "saboteur:1")
 POISON_EVERY_S = 60.0
@@ -126,36 +127,47 @@ class Soak:
                     self.start_worker()
 
     def produce(self) -> None:
+        """Open-loop Poisson arrivals of a mix, a pair of poison tasks every
+        POISON_EVERY_S; refusals while Redis is down are counted, not retried."""
         rng = random.Random(7)
         client = Client(settings=self.settings)
-        next_poison = time.monotonic()
-        while not self._stop.wait(rng.expovariate(self.rate)):  # Poisson arrivals
-            kind = rng.choices(["ok", "bad", "deadline"], weights=[90, 5, 5])[0]
-            if time.monotonic() >= next_poison:
-                kind, next_poison = "poison", next_poison + POISON_EVERY_S
-            try:
-                if kind == "poison":
-                    for marker in (chaos.KILL, chaos.HANG):
-                        result = client.submit("saboteur:1", [marker, 0, 0, 0])
-                        self.accepted[result.id] = kind
-                        self.report.poison_sent += 1
-                    continue
-                if kind == "bad":
-                    result = client.submit("tiny:1", [1.0, 2.0])
-                elif kind == "deadline":
-                    result = client.submit("sim:1", ["d"], deadline_s=0.05)
-                elif rng.random() < 0.1:
-                    result = client.submit("saboteur:1", [rng.random() for _ in range(4)])
-                elif rng.random() < 0.5:
-                    result = client.submit("tiny:1", [rng.random() for _ in range(8)])
-                else:
-                    result = client.submit("sim:1", [rng.random()])
-                self.accepted[result.id] = kind
-            except (BrokerUnavailable, QueueFull):
-                self.report.refused += 1
-            except Overloaded:  # a deadline the predicted wait passes: refused, never queued
-                self.report.overloaded += 1
+        next_poison = [time.monotonic()]
+
+        def submit(batch: list[str], at: float) -> tuple[list[str], int]:
+            for kind in batch:
+                if time.monotonic() >= next_poison[0]:
+                    kind = "poison"
+                    next_poison[0] += POISON_EVERY_S
+                try:
+                    self._submit(client, kind, rng)
+                except (BrokerUnavailable, QueueFull):
+                    self.report.refused += 1
+                except Overloaded:  # a deadline the predicted wait passes: never queued
+                    self.report.overloaded += 1
+            return [], 0
+
+        schedule = arrivals(self.rate, self.seconds, 7)
+        kinds = rng.choices(["ok", "bad", "deadline"], weights=[90, 5, 5], k=len(schedule))
+        drive(schedule, submit, lambda: None, kinds.__getitem__, stop=self._stop.is_set)
         client.close()
+
+    def _submit(self, client: Client, kind: str, rng: random.Random) -> None:
+        if kind == "poison":
+            for marker in (chaos.KILL, chaos.HANG):
+                self.accepted[client.submit("saboteur:1", [marker, 0, 0, 0]).id] = kind
+                self.report.poison_sent += 1
+            return
+        if kind == "bad":
+            result = client.submit("tiny:1", [1.0, 2.0])
+        elif kind == "deadline":
+            result = client.submit("sim:1", ["d"], deadline_s=0.05)
+        elif rng.random() < 0.1:
+            result = client.submit("saboteur:1", [rng.random() for _ in range(4)])
+        elif rng.random() < 0.5:
+            result = client.submit("tiny:1", [rng.random() for _ in range(8)])
+        else:
+            result = client.submit("sim:1", [rng.random()])
+        self.accepted[result.id] = kind
 
     def chaos(self) -> None:
         rng = random.Random(11)

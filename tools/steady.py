@@ -1,14 +1,15 @@
 """`tandem soak --faults none`: steady load for N minutes, watching for leaks.
 
 It runs its own Redis, a coordinator and two workers serving sim and tiny, with results
-and dead letters expiring after `ttl_s`. Producer threads submit at a steady Poisson
-rate and wait for every result: plain tasks, tasks with deadlines too short to meet
-(shed), bad inputs (FAILURE), revoked tasks, and now and then a message with no usable
-id pushed straight into L1 (a dead letter). Every `sample_s` it records the RSS of each
-worker, the coordinator and Redis, Redis's key count and the sizes of the revoked set,
-the deadlines set and the dead letters. After the load stops it waits for the results
-to expire and counts the keys again: they must come back to what the stack held before
-the load (its executors, counters and latency models), with no result left.
+and dead letters expiring after `ttl_s`. A producer sends open-loop Poisson arrivals
+(harness.drive), every result received by harness.Recorder: plain tasks, tasks with
+deadlines too short to meet (shed), bad inputs (FAILURE), revoked tasks, and now and
+then a message with no usable id pushed straight into L1 (a dead letter). Every
+`sample_s` it records the RSS of each worker, the coordinator and Redis, Redis's key
+count and the sizes of the revoked set, the deadlines set and the dead letters. After
+the load stops it waits for the results to expire and counts the keys again: they must
+come back to what the stack held before the load (its executors, counters and latency
+models), with no result left.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
-from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from tandem.broker import keys
 from tandem.broker.errors import TandemError
@@ -30,6 +30,7 @@ from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
 from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.tools.harness import Recorder, arrivals, drive
 
 MODELS = ("sim:1", "tiny:1")
 #: The sizes each sample records, by name: Redis's key count and three sets that must
@@ -155,7 +156,6 @@ class Steady:
         self.report = SteadyReport(minutes=seconds / 60, ttl_s=ttl_s)
         self.processes: dict[str, object] = {}
         self._stop = threading.Event()
-        self._lock = threading.Lock()
 
     def run(self, sample_s: float) -> SteadyReport:
         logs = self.folder / "logs"
@@ -175,8 +175,12 @@ class Steady:
         return self.report
 
     def _load(self, sample_s: float) -> None:
-        threads = [threading.Thread(target=self._produce, args=(n,)) for n in range(4)]
-        threads.append(threading.Thread(target=self._junk))
+        recorder = Recorder(self.server.url)
+        sent: list[str] = []
+        threads = [
+            threading.Thread(target=self._produce, args=(sent,)),
+            threading.Thread(target=self._junk),
+        ]
         for thread in threads:
             thread.start()
         start = time.monotonic()
@@ -191,48 +195,56 @@ class Steady:
             self._stop.set()
             for thread in threads:
                 thread.join()
+            # Every task accepted is answered (a result, a FAILURE or REVOKED) within 30 s.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                arrived = recorder.collect_so_far()
+                if all(t in arrived for t in sent):
+                    break
+                self._stop.wait(0.2)  # polling the recorder, bounded by the deadline
+            arrived = recorder.collect()
+        report = self.report
+        report.submitted = len(sent)
+        report.answered = sum(1 for t in sent if t in arrived)
+        report.unanswered = report.submitted - report.answered
 
-    def _produce(self, seed: int) -> None:
-        """One of four producers, each at a quarter of the rate, each waiting for every
-        result it asked for."""
-        rng = random.Random(seed)
+    def _produce(self, sent: list[str]) -> None:
+        """Open-loop Poisson arrivals of a mix: plain tasks, tiny's, deadlines too short to
+        be met (shed, or refused), bad inputs and revoked tasks."""
+        rng = random.Random(1)
         report = self.report
         with Client(settings=self.settings) as client:
-            while not self._stop.wait(rng.expovariate(self.rate / 4)):  # Poisson arrivals
-                kind = rng.choices(["ok", "tiny", "deadline", "bad", "revoke"], [80, 10, 4, 3, 3])[
-                    0
-                ]
-                try:
-                    if kind == "tiny":
-                        result = client.submit("tiny:1", [rng.random() for _ in range(8)])
-                    elif kind == "deadline":  # too short to be met: shed, or refused
-                        result = client.submit("sim:1", [1.0], deadline_s=0.0005)
-                    elif kind == "bad":
-                        result = client.submit("tiny:1", [1.0, 2.0])
-                    else:
-                        result = client.submit("sim:1", [rng.random()])
-                except TandemError:  # Overloaded, QueueFull: a fast "no"
-                    with self._lock:
-                        report.refused += 1
-                    continue
-                if kind == "revoke":
-                    client.revoke(result.id)
-                answered = self._wait(result)
-                with self._lock:
-                    report.submitted += 1
-                    report.revoked += kind == "revoke"
-                    report.answered += answered
-                    report.unanswered += not answered
+
+            def submit(batch: list[str], at: float) -> tuple[list[str], int]:
+                ids, refused = [], 0
+                for kind in batch:
+                    try:
+                        result = self._submit(client, kind, rng)
+                    except TandemError:  # Overloaded, QueueFull: a fast "no"
+                        refused += 1
+                        continue
+                    if kind == "revoke":
+                        client.revoke(result.id)
+                        report.revoked += 1
+                    ids.append(result.id)
+                sent.extend(ids)
+                report.refused += refused
+                return ids, refused
+
+            schedule = arrivals(self.rate, self.seconds, 1)
+            mix = (["ok", "tiny", "deadline", "bad", "revoke"], [80, 10, 4, 3, 3])
+            kinds = rng.choices(*mix, k=len(schedule))
+            drive(schedule, submit, lambda: None, kinds.__getitem__, stop=self._stop.is_set)
 
     @staticmethod
-    def _wait(result) -> bool:
-        try:
-            result.get(timeout=30)
-        except CeleryTimeoutError:
-            return False
-        except Exception:  # noqa: BLE001 - a FAILURE or REVOKED result is an answer
-            pass
-        return True
+    def _submit(client: Client, kind: str, rng: random.Random):
+        if kind == "tiny":
+            return client.submit("tiny:1", [rng.random() for _ in range(8)])
+        if kind == "deadline":  # too short to be met: shed, or refused
+            return client.submit("sim:1", [1.0], deadline_s=0.0005)
+        if kind == "bad":
+            return client.submit("tiny:1", [1.0, 2.0])
+        return client.submit("sim:1", [rng.random()])
 
     def _junk(self) -> None:
         """Every second, a message with no usable id into sim's L1: a dead letter each."""
