@@ -48,7 +48,8 @@ from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.stack import Stack
 from tandem.tools import harness, oracle
-from tandem.tools.harness import Recorder, Report, burst_rate, figure, save_figure
+from tandem.tools.harness import Recorder, Report, burst_rate
+from tandem.tools.plots import figure, save_figure
 
 MODEL = "sim:1"
 #: One executor: 80 ms + 2.5 ms a task, 8 a batch: about 80 tasks/s at its largest batch.

@@ -21,11 +21,10 @@ from tandem.tools.harness import (
     Report,
     System,
     arrivals,
-    figure,
     percentile,
     point_folder,
-    save_figure,
 )
+from tandem.tools.plots import figure, save_figure
 from tandem.tools.samples import sampler
 
 WARMUP_TASKS = 20

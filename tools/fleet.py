@@ -27,7 +27,8 @@ from tandem.broker.settings import load_settings
 from tandem.broker.table import Table
 from tandem.server import RedisServer
 from tandem.stack import Child, Stack, spawn, stop_process, wait_for_executors
-from tandem.tools.harness import SYSTEMS, Point, RedisMeter, Report, figure, save_figure
+from tandem.tools.harness import SYSTEMS, Point, RedisMeter, Report
+from tandem.tools.plots import figure, save_figure
 
 MODEL = "sim:1"
 SIZES = (2, 32, 256, 1024)

@@ -10,7 +10,7 @@ Written once here:
 - the results as a caller in another process receives them (`Recorder`);
 - paths timed alternately in blocks at fixed spacings (`alternate`);
 - the figures (`percentile`, `burst_rate`, `RedisMeter`, `process_cpu_s`);
-- the report (`Report`): rich tables and lines, its JSON, its plot.
+- the report (`Report`): rich tables and lines, its JSON, its plot (tools/plots.py).
 """
 
 from __future__ import annotations
@@ -525,31 +525,3 @@ class Report:
             Path(json_path).write_text(json.dumps(self.data, indent=2) + "\n")
         if plot_path and self.draw:
             self.draw(plot_path)
-
-
-def figure(panels: int, width: float = 6.0, height: float = 4.6, *, stacked: bool = False):
-    """A matplotlib figure of `panels` side by side (or stacked), drawn off-screen:
-    (figure, axes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shape = (panels, 1) if stacked else (1, panels)
-    size = (width, height * panels) if stacked else (width * panels, height)
-    fig, axes = plt.subplots(*shape, figsize=size, squeeze=False)
-    return fig, list(axes.flat)
-
-
-def save_figure(fig, path: str, title: str | None = None) -> None:
-    import matplotlib.pyplot as plt
-
-    for axis in fig.axes:
-        axis.grid(True, alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -5,21 +5,25 @@
   alternated in blocks, at 30 ms and 2 ms spacing. The gateway's p50 minus the direct p50
   is what it adds.
 - **gateway CPU and requests/s**: a closed loop of concurrent OIP requests (one item
-  each) from a separate process, on the same zero-cost model; the gateway's own CPU time
-  (user + system, from /proc through psutil) per request, and requests/s served.
+  each) from Locust's FastHttpUser in a process of its own (tools/locustfile.py), on the
+  same zero-cost model; the gateway's own CPU time (user + system, through psutil) per
+  request, and requests/s served.
 - **the sim sweep through HTTP**: sim (20 ms + 0.5 ms a task, 2 workers) under Poisson
-  arrivals, each an HTTP request sent open-loop and timed to its response, next to the
-  direct `tandem` row of the ordinary sweep at the same rates.
+  arrivals, each an HTTP request sent open-loop by aiohttp and timed to its response,
+  next to the direct `tandem` row of the ordinary sweep at the same rates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
-import multiprocessing
-import socket
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -37,6 +41,7 @@ from tandem.tools.harness import (
 )
 
 MODEL = "sim:1"
+JSON = {"Content-Type": "application/json"}
 TANDEM = SYSTEMS["tandem"]
 PATH = "/v2/models/sim/versions/1/infer"
 SPACINGS_MS = (30.0, 2.0)
@@ -53,50 +58,27 @@ def body(n: int) -> bytes:
     ).encode()
 
 
-class RawHTTP:
-    """One keep-alive connection and the least HTTP/1.1 a client can speak: what the
-    gateway adds is measured, not what an HTTP client library costs."""
+class Keepalive:
+    """One keep-alive connection (the standard library's client): the low-load rows time
+    what the gateway adds, not what a heavier client library costs."""
 
     def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.host = host
-        self.buffer = b""
+        self.connection = http.client.HTTPConnection(url.removeprefix("http://"))
 
     def post(self, path: str, payload: bytes) -> bytes:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-        )
-        self.sock.sendall(head.encode() + payload)
-        while b"\r\n\r\n" not in self.buffer:
-            self.buffer += self._recv()
-        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"the gateway answered {head[:200]!r}")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        while len(self.buffer) < length:
-            self.buffer += self._recv()
-        answer, self.buffer = self.buffer[:length], self.buffer[length:]
+        self.connection.request("POST", path, payload, {"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"the gateway answered {response.status}: {answer[:200]!r}")
         return answer
 
-    def _recv(self) -> bytes:
-        data = self.sock.recv(65536)
-        if not data:
-            raise ConnectionError("the gateway closed the connection")
-        return data
-
     def close(self) -> None:
-        self.sock.close()
+        self.connection.close()
 
 
 def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
-    http = RawHTTP(point.http_url)
+    http = Keepalive(point.http_url)
     client = point.client
 
     def timed(send) -> Callable[[], float]:
@@ -131,101 +113,78 @@ def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> li
     return rows
 
 
-async def _post(reader, writer, host: str, n: int) -> bool:
-    """One OIP request on a keep-alive asyncio connection; True if it got 200."""
-    payload = body(n)
-    head = (
-        f"POST {PATH} HTTP/1.1\r\nHost: {host}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-    )
-    writer.write(head.encode() + payload)
-    answer = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in answer.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    await reader.readexactly(length)
-    return answer.startswith(b"HTTP/1.1 200")
-
-
-def _closed_loop(url: str, requests: int, concurrency: int, out) -> None:
-    """In its own process: `requests` OIP requests, `concurrency` at a time, each
-    connection keep-alive. A minimal HTTP/1.1 client on asyncio streams, so that the load
-    costs the machine little next to the gateway it measures."""
-    host, port = url.removeprefix("http://").split(":")
-
-    async def main() -> None:
-        left = iter(range(requests))
-        failed = 0
-
-        async def loop() -> None:
-            nonlocal failed
-            reader, writer = await asyncio.open_connection(host, int(port))
-            for n in left:
-                failed += not await _post(reader, writer, host, n)
-            writer.close()
-
-        start = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        out.put((time.perf_counter() - start, failed))
-
-    asyncio.run(main())
-
-
 def _cpu(point: Point, requests: int, concurrency: int, progress) -> dict[str, Any]:
+    """A closed loop of Locust users (tools/locustfile.py) on the gateway: requests/s, and
+    the gateway's own CPU per request."""
     progress(f"gateway CPU: {requests} requests, {concurrency} at a time, one item each")
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    warm = context.Process(target=_closed_loop, args=(point.http_url, 300, concurrency, out))
-    warm.start()
-    out.get(timeout=120)
-    warm.join()
+    _locust(point.http_url, 300, concurrency)  # warm
     process = psutil.Process(point.gateway.pid)
     before = process.cpu_times()
-    load = context.Process(target=_closed_loop, args=(point.http_url, requests, concurrency, out))
-    load.start()
-    seconds, failed = out.get(timeout=600)
-    load.join()
+    stats = _locust(point.http_url, requests, concurrency)
     after = process.cpu_times()
     cpu_s = (after.user - before.user) + (after.system - before.system)
+    seconds = stats["last_request_timestamp"] - stats["start_time"]
     return {
-        "requests": requests,
+        "requests": stats["num_requests"],
         "concurrency": concurrency,
-        "failed": failed,
-        "requests_per_s": round(requests / seconds, 1),
-        "gateway_cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
+        "failed": stats["num_failures"],
+        "requests_per_s": round(stats["num_requests"] / seconds, 1),
+        "gateway_cpu_us_per_request": round(cpu_s / stats["num_requests"] * 1e6, 1),
         "gateway_cpu_share": round(cpu_s / seconds, 2),
     }
 
 
+def _locust(url: str, requests: int, users: int) -> dict[str, Any]:
+    """Run Locust headless until `requests` are answered; its stats of the infer path."""
+    args = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(Path(__file__).with_name("locustfile.py")),
+        "--headless",
+        "--only-summary",
+        "--json",
+        f"--users={users}",
+        f"--spawn-rate={users}",
+        "--run-time=600",
+        f"--host={url}",
+    ]
+    env = {**os.environ, "TANDEM_BENCH_REQUESTS": str(requests), "TANDEM_BENCH_PATH": PATH}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=660)
+    if done.returncode not in (0, 1):  # 1: some requests failed, counted in the stats
+        raise RuntimeError(f"locust exited {done.returncode}: {done.stderr[-2000:]}")
+    (stats,) = [row for row in json.loads(done.stdout) if row["name"] == PATH]
+    return stats
+
+
 async def _open_loop(url: str, schedule: list[float]) -> tuple[list[float], int]:
-    """Each arrival an OIP request at its time (open loop), on a pool of keep-alive
-    connections; its latency from its due time to its response."""
-    host, port = url.removeprefix("http://").split(":")
-    idle: list = []
+    """Each arrival an OIP request at its time (open loop), on aiohttp's pool of
+    keep-alive connections; its latency from its due time to its response."""
+    import aiohttp
+
     latencies: list[float] = []
     failed = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(url, connector=connector) as session:
 
-    async def one(n: int, due: float) -> None:
-        nonlocal failed
-        pair = idle.pop() if idle else await asyncio.open_connection(host, int(port))
-        if await _post(*pair, host, n):
-            latencies.append((time.perf_counter() - due) * 1000)
-        else:
-            failed += 1
-        idle.append(pair)
+        async def one(n: int, due: float) -> None:
+            nonlocal failed
+            async with session.post(PATH, data=body(n), headers=JSON) as response:
+                await response.read()
+                if response.status == 200:
+                    latencies.append((time.perf_counter() - due) * 1000)
+                else:
+                    failed += 1
 
-    tasks = []
-    start = time.perf_counter()
-    for n, offset in enumerate(schedule):
-        wait = start + offset - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)  # pacing the open-loop arrivals
-        tasks.append(asyncio.create_task(one(n, start + offset)))
-    await asyncio.gather(*tasks)
-    for _, writer in idle:
-        writer.close()
+        tasks = []
+        start = time.perf_counter()
+        for n, offset in enumerate(schedule):
+            wait = start + offset - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)  # pacing the open-loop arrivals
+            tasks.append(asyncio.create_task(one(n, start + offset)))
+        await asyncio.gather(*tasks)
     return latencies, failed
 
 

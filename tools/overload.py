@@ -31,11 +31,10 @@ from tandem.tools.harness import (
     System,
     arrivals,
     burst_rate,
-    figure,
     percentile,
     point_folder,
-    save_figure,
 )
+from tandem.tools.plots import figure, save_figure
 from tandem.tools.samples import sampler
 
 MODEL = "sim:1"
