@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -158,24 +159,29 @@ def _locust(url: str, requests: int, users: int) -> dict[str, Any]:
     return stats
 
 
-async def _open_loop(url: str, schedule: list[float]) -> tuple[list[float], int]:
+async def _open_loop(url: str, schedule: list[float]) -> tuple[list[float], Counter]:
     """Each arrival an OIP request at its time (open loop), on aiohttp's pool of
-    keep-alive connections; its latency from its due time to its response."""
+    keep-alive connections; its latency from its due time to its response. Returns the
+    latencies of those answered 200, and the others counted by status or error."""
     import aiohttp
 
     latencies: list[float] = []
-    failed = 0
+    failed: Counter = Counter()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(url, connector=connector) as session:
 
         async def one(n: int, due: float) -> None:
-            nonlocal failed
-            async with session.post(PATH, data=body(n), headers=JSON) as response:
-                await response.read()
-                if response.status == 200:
-                    latencies.append((time.perf_counter() - due) * 1000)
-                else:
-                    failed += 1
+            try:
+                async with session.post(PATH, data=body(n), headers=JSON) as response:
+                    await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, OSError) as e:
+                failed[type(e).__name__] += 1
+                return
+            if status == 200:
+                latencies.append((time.perf_counter() - due) * 1000)
+            else:
+                failed[str(status)] += 1
 
         tasks = []
         start = time.perf_counter()
@@ -217,7 +223,8 @@ def _sweep(settings: Settings, rates, seconds: float, workers: int, progress) ->
                 "offered_rps": rate,
                 "p50_ms": round(percentile(latencies, 50), 2),
                 "p99_ms": round(percentile(latencies, 99), 2),
-                "failed": failed,
+                "failed": sum(failed.values()),
+                "failures": dict(failed),
             }
         )
     return rows
