@@ -72,6 +72,7 @@ class AsyncClient:
         self._reader: asyncio.Task | None = None
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
         self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
+        self._revoking: set[asyncio.Task] = set()  # revocations under way
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -247,6 +248,37 @@ class AsyncClient:
             future = self._waiting.pop(task_id, None)
             if future is not None and not future.done():
                 future.cancel()
+
+    # Revoking
+
+    async def revoke(self, task_ids: Sequence[str]) -> None:
+        """Record the tasks revoked in Redis, as Client.revoke does: a task not yet
+        computing is never computed, and its result is REVOKED."""
+        if not task_ids:
+            return
+        seconds, micros = await self.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        until = now_ms + int(self.settings.result_expires_s * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.REVOKED, dict.fromkeys(task_ids, until))
+            pipe.zremrangebyscore(keys.REVOKED, "-inf", now_ms)
+            await pipe.execute()
+
+    def revoke_soon(self, futures: Sequence[asyncio.Future]) -> None:
+        """Revoke the tasks of these futures still waiting, in a task of its own (the
+        caller is being cancelled); a failure is logged, the tasks then run for nobody."""
+        wanted = set(futures)
+        ids = [t for t, f in self._waiting.items() if f in wanted and not f.done()]
+        if ids:
+            task = asyncio.get_running_loop().create_task(self._revoke_logged(ids))
+            self._revoking.add(task)
+            task.add_done_callback(self._revoking.discard)
+
+    async def _revoke_logged(self, task_ids: list[str]) -> None:
+        try:
+            await self.revoke(task_ids)
+        except Exception as e:  # noqa: BLE001 - the caller is gone; say so and go on
+            log.warning("could not revoke %d tasks of a cancelled call: %s", len(task_ids), e)
 
     # What the gateway asks about models
 

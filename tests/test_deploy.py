@@ -236,8 +236,8 @@ def test_the_dashboard_parses_and_shows_what_an_operator_needs():
         "tandem_task_failures_total",
         "tandem_redelivered_total",
         "tandem_dead_lettered_total",
-        "tandem_http_requests_total",
-        "tandem_http_request_duration_seconds_bucket",
+        "tandem_gateway_requests_total",
+        "tandem_gateway_request_duration_seconds_bucket",
     ):
         assert metric in queried
     titles = " ".join(panel["title"] for panel in dashboard["panels"])

@@ -1,5 +1,8 @@
 """What every endpoint shares: the async client, the limits, auth, errors as HTTP, metrics.
 
+The gRPC service (producers/grpc/) shares the same Gateway: one client, one concurrency
+bound and one registry of metrics for both protocols.
+
 Every error a caller can cause is an HTTPError: a status, a message, and for 503 a
 Retry-After. tandem's own errors map onto them in one place, `http_error`.
 """
@@ -122,37 +125,45 @@ def task_error(meta: dict) -> Exception:
 
 
 class Metrics:
+    """The gateway's requests, over HTTP and gRPC alike, each labelled with its protocol;
+    the route is an HTTP path or a gRPC method, the status an HTTP status or a gRPC code."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "tandem_http_requests",
-            "HTTP requests by route and status.",
-            ["route", "status"],
+            "tandem_gateway_requests",
+            "Requests by protocol, route (a gRPC method) and status (a gRPC code).",
+            ["protocol", "route", "status"],
             registry=self.registry,
         )
         self.seconds = Histogram(
-            "tandem_http_request_duration_seconds",
-            "HTTP request latency, from the request's start to its response.",
-            ["route"],
+            "tandem_gateway_request_duration_seconds",
+            "Request latency, from the request's start to its response.",
+            ["protocol", "route"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
         self.in_flight = Gauge(
-            "tandem_http_in_flight",
+            "tandem_gateway_in_flight",
             "Inference requests being served (those the concurrency bound counts).",
+            ["protocol"],
             registry=self.registry,
         )
-        self._children: dict[tuple[str, int], tuple] = {}
         self.items = Counter(
-            "tandem_http_items", "Tasks submitted through HTTP.", ["model"], registry=self.registry
+            "tandem_gateway_items",
+            "Tasks submitted through the gateway.",
+            ["protocol", "model"],
+            registry=self.registry,
         )
+        self._children: dict[tuple[str, str, str], tuple] = {}
 
-    def observe(self, route: str, status: int, seconds: float) -> None:
+    def observe(self, protocol: str, route: str, status: str, seconds: float) -> None:
         """Count one request and its latency (the labelled children kept, not looked up)."""
-        children = self._children.get((route, status))
+        key = (protocol, route, status)
+        children = self._children.get(key)
         if children is None:
-            children = self.requests.labels(route, str(status)), self.seconds.labels(route)
-            self._children[route, status] = children
+            children = self.requests.labels(*key), self.seconds.labels(protocol, route)
+            self._children[key] = children
         children[0].inc()
         children[1].observe(seconds)
 
@@ -257,7 +268,7 @@ class Endpoint:
                 if gateway.busy >= gateway.limits.max_concurrency:
                     raise HTTPError(503, "too many requests in flight", retry_after_s=1)
                 gateway.busy += 1
-                metrics.in_flight.inc()
+                metrics.in_flight.labels("http").inc()
                 held = True
             response = await self.handler(gateway, call)
         except ClientDisconnect:
@@ -267,11 +278,11 @@ class Endpoint:
         finally:
             if held:
                 gateway.busy -= 1
-                metrics.in_flight.dec()
+                metrics.in_flight.labels("http").dec()
         status = 499 if response is None else response.status_code
         if response is not None:
             await response(scope, receive, send)
-        metrics.observe(self.route, status, time.perf_counter() - started)
+        metrics.observe("http", self.route, str(status), time.perf_counter() - started)
 
 
 def endpoint(route: str, *, method: str = "GET", guarded: bool = True, bounded: bool = False):

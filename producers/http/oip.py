@@ -42,7 +42,13 @@ def _version() -> str:
 async def _model(gateway: Gateway, call: Call) -> tuple[str, dict]:
     """NAME:VERSION of the path's model and its signature; 404 if no worker serves it."""
     params = call.path_params
-    model = await gateway.client.resolve(params["name"], params.get("version"))
+    return await find_model(gateway, params["name"], params.get("version"))
+
+
+async def find_model(gateway: Gateway, name: str, version: str | None) -> tuple[str, dict]:
+    """NAME:VERSION of a model (its highest version served, without one) and its
+    signature; UnknownModel if no worker serves it."""
+    model = await gateway.client.resolve(name, version)
     spec = await gateway.client.spec(model)
     if spec is None:
         raise UnknownModel(f"no worker has served {model}")
@@ -139,12 +145,12 @@ async def infer(gateway: Gateway, call: Call) -> Response:
     model, spec = await _model(gateway, call)
     parsed = parse_request(body, call.headers.get("inference-header-content-length"))
     items, binary = split(parsed, spec, gateway.limits.max_items)
-    priority, deadline_s = _parameters(parsed.parameters)
+    priority, deadline_s = parameters(parsed.parameters)
     results = await run(gateway, model, spec, items, priority, deadline_s, binary)
     return _response(model, spec, parsed, results)
 
 
-def _parameters(parameters: dict) -> tuple[int, float | None]:
+def parameters(parameters: dict) -> tuple[int, float | None]:
     """tandem's priority and deadline from Triton's `priority` and `timeout` (us)."""
     priority = parameters.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
@@ -163,10 +169,12 @@ async def run(
     priority: int,
     deadline_s: float | None,
     binary: bool,
+    protocol: str = "http",
 ) -> list[Any]:
     """Submit one task per item and wait for them all: their results, in order. The wait
     ends at the deadline (the caller's, else the model's SLO, else the gateway's request
-    timeout, which then becomes the tasks' deadline too)."""
+    timeout, which then becomes the tasks' deadline too). If the caller gives up (the
+    wait is cancelled), its tasks not yet computed are revoked."""
     client = gateway.client
     if not await client.live(model):
         raise HTTPError(503, f"no live executor serves {model}", retry_after_s=1)
@@ -176,7 +184,7 @@ async def run(
     futures = await client.submit_many(
         model, items, priority=priority, deadline_s=deadline_s, binary=binary
     )
-    gateway.metrics.items.labels(model).inc(len(items))
+    gateway.metrics.items.labels(protocol, model).inc(len(items))
     refused = next((f for f in futures if isinstance(f, Exception)), None)
     waiting = [f for f in futures if not isinstance(f, Exception)]
     if refused is not None:
@@ -190,6 +198,11 @@ async def run(
         for future in waiting:
             future.cancel()
         raise HTTPError(504, f"no result from {model} within the deadline") from None
+    except asyncio.CancelledError:
+        client.revoke_soon(waiting)
+        for future in waiting:
+            future.cancel()
+        raise
     for meta in metas:
         if meta.get("status") != "SUCCESS":
             raise task_error(meta)
@@ -249,7 +262,9 @@ def _describe(rows: list[dict]) -> list[str]:
     return [f"{r['name']}: {FROM_DTYPE[r['dtype']]}{_shape(r)}" for r in rows]
 
 
-def _response(model: str, spec: dict, request: InferRequest, results: list[Any]) -> Response:
+def joined(spec: dict, request: InferRequest, results: list[Any]) -> list[tuple]:
+    """The outputs asked for (all of them if none is named), each joined into one tensor
+    along the batch dimension: (name, datatype, array, sent as binary data)."""
     rows = {r["name"]: r for r in spec["outputs"]}
     asked = request.outputs or []
     for wanted in asked:
@@ -257,7 +272,7 @@ def _response(model: str, spec: dict, request: InferRequest, results: list[Any])
             raise BadInput(f"unknown output {wanted.name!r}; the outputs are {sorted(rows)}")
     chosen = [(w.name, w.binary) for w in asked] or [(name, request.binary_output) for name in rows]
     single = len(rows) == 1
-    entries, raws = [], []
+    out = []
     for name, binary in chosen:
         datatype = FROM_DTYPE[rows[name]["dtype"]]
         values = [r if single else r[name] for r in results]
@@ -265,6 +280,13 @@ def _response(model: str, spec: dict, request: InferRequest, results: list[Any])
             array = np.asarray(values, dtype=DATATYPES[datatype])
         except (ValueError, TypeError) as e:
             raise HTTPError(500, f"output {name!r} cannot be joined into one tensor: {e}") from e
+        out.append((name, datatype, array, binary))
+    return out
+
+
+def _response(model: str, spec: dict, request: InferRequest, results: list[Any]) -> Response:
+    entries, raws = [], []
+    for name, datatype, array, binary in joined(spec, request, results):
         entry, raw = encode_output(name, datatype, array, binary)
         entries.append(entry)
         raws.append(raw)
