@@ -157,10 +157,18 @@ def coordinator(**flags) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
 @click.option(
+    "--grpc-port",
+    type=int,
+    default=8001,
+    show_default=True,
+    help="Port for the Open Inference Protocol over gRPC (tritonclient.grpc); 0: none.",
+)
+@click.option(
     "--token",
     envvar="TANDEM_HTTP_TOKEN",
-    help="Require 'Authorization: Bearer TOKEN' (health and /metrics stay open). "
-    "Put a TLS proxy in front; the gateway speaks plain HTTP.",
+    help="Require 'Authorization: Bearer TOKEN', a header over HTTP and metadata over gRPC "
+    "(health and /metrics stay open). Put a TLS proxy in front; the gateway speaks "
+    "plain HTTP and gRPC.",
 )
 @click.option(
     "--max-body-mb",
@@ -191,9 +199,9 @@ def coordinator(**flags) -> None:
     help="A client that takes longer to send its body gets 408.",
 )
 @click.option("--loglevel", help="DEBUG, INFO, WARNING ...")
-def http(redis_url, host, port, token, loglevel, **limits):
-    """Serve HTTP: the Open Inference Protocol v2 (tritonclient, KServe) and
-    OpenAI-style /v1/embeddings, each request routed like any producer's."""
+def http(redis_url, host, port, grpc_port, token, loglevel, **limits):
+    """Serve the gateway: the Open Inference Protocol v2 over HTTP and gRPC (tritonclient,
+    KServe) and OpenAI-style /v1/embeddings, each request routed like any producer's."""
     from tandem.broker.extras import require
 
     require("http", "tandem http")
@@ -204,8 +212,9 @@ def http(redis_url, host, port, token, loglevel, **limits):
     setup_logging(settings.loglevel)
     mb = limits.pop("max_body_mb")
     limits = Limits(max_body_bytes=int(mb * 1024 * 1024), **limits)
-    click.echo(f"tandem http on http://{host}:{port}, Redis {settings.redis_url}")
-    serve(settings, host=host, port=port, limits=limits, token=token)
+    grpc = f", gRPC on {host}:{grpc_port}" if grpc_port else ""
+    click.echo(f"tandem http on http://{host}:{port}{grpc}, Redis {settings.redis_url}")
+    serve(settings, host=host, port=port, limits=limits, token=token, grpc_port=grpc_port)
 
 
 def stack_options(f):

@@ -1,10 +1,10 @@
-"""The gateway's ASGI app and its server: Starlette on uvicorn.
+"""The gateway's ASGI app and its server: Starlette on uvicorn, and gRPC beside it.
 
-    tandem http --port 8000            # or: serve(settings, host, port, limits, token)
+    tandem http --port 8000 --grpc-port 8001   # or: serve(settings, host, port, ...)
 
 One process holds one AsyncClient: one Redis pool and one result subscription for all
-its requests. Run as many processes as you like behind a load balancer; none keeps
-state of its own.
+its requests, over HTTP and gRPC (producers/grpc/, on the same event loop). Run as many
+processes as you like behind a load balancer; none keeps state of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from tandem.producers.http.embeddings import embeddings
 from tandem.producers.http.gateway import Call, Gateway, HTTPError, Limits, endpoint
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+#: Seconds the gRPC server lets calls in progress finish when the gateway stops.
+STOP_GRACE_S = 5.0
 
 
 @endpoint("/metrics", guarded=False)
@@ -37,18 +39,32 @@ async def not_found(scope, receive, send) -> None:
     await HTTPError(404, text).response()(scope, receive, send)
 
 
-def make_app(settings: Settings, limits: Limits | None = None, token: str | None = None):
+def make_app(
+    settings: Settings,
+    limits: Limits | None = None,
+    token: str | None = None,
+    grpc_address: tuple[str, int] | None = None,
+):
     """The ASGI app: Starlette's router alone (each endpoint answers its own errors, so
-    Starlette's error middleware would only cost time). Its AsyncClient starts and stops
-    with it, in the ASGI lifespan, whose state every request sees."""
+    Starlette's error middleware would only cost time). Its AsyncClient, and the gRPC
+    server on grpc_address if given, start and stop with it, in the ASGI lifespan, whose
+    state every request sees."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         client = AsyncClient(settings)
         await client.start()
+        gateway = Gateway(client, limits or Limits(), token)
+        grpc_server = None
         try:
-            yield {"gateway": Gateway(client, limits or Limits(), token)}
+            if grpc_address:
+                from tandem.producers.grpc import server
+
+                grpc_server = await server.start(gateway, *grpc_address)
+            yield {"gateway": gateway}
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(STOP_GRACE_S)
             await client.close()
 
     model = "/v2/models/{name}"
@@ -82,13 +98,15 @@ def serve(
     port: int = 8000,
     limits: Limits | None = None,
     token: str | None = None,
+    grpc_port: int = 0,
 ) -> None:
-    """Serve until SIGINT or SIGTERM: uvicorn with uvloop and httptools where installed."""
+    """Serve until SIGINT or SIGTERM: uvicorn with uvloop and httptools where installed,
+    and gRPC on grpc_port unless it is 0."""
     import uvicorn
 
     limits = limits or Limits()
     uvicorn.run(
-        make_app(settings, limits, token),
+        make_app(settings, limits, token, (host, grpc_port) if grpc_port else None),
         host=host,
         port=port,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",

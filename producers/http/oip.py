@@ -32,7 +32,7 @@ from tandem.producers.http.tensors import (
 GRACE_S = 0.05
 
 
-def _version() -> str:
+def server_version() -> str:
     try:
         return version("tandem-serve")
     except PackageNotFoundError:
@@ -62,7 +62,7 @@ def _shape(row: dict) -> list[int]:
 @endpoint("/v2")
 async def server_metadata(gateway: Gateway, call: Call) -> Response:
     return JSONResponse(
-        {"name": "tandem", "version": _version(), "extensions": ["binary_tensor_data"]}
+        {"name": "tandem", "version": server_version(), "extensions": ["binary_tensor_data"]}
     )
 
 

@@ -193,7 +193,7 @@ def _input(item: Any, n: int, rest: bytes, offset: int) -> tuple[Tensor, int]:
     if size is None:
         if "data" not in item:
             raise BadInput(f"{label} has neither 'data' nor parameters.binary_data_size")
-        value = _from_json(item["data"], datatype, shape, count, label)
+        value = from_values(item["data"], datatype, shape, count, label)
         return Tensor(name, datatype, tuple(shape), value), 0
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BadInput(f"{label}: binary_data_size must be an integer >= 0")
@@ -202,7 +202,7 @@ def _input(item: Any, n: int, rest: bytes, offset: int) -> tuple[Tensor, int]:
     if offset + size > len(rest):
         raise BadInput(f"{label}: binary_data_size {size} runs past the end of the body")
     raw = rest[offset : offset + size]
-    value = _from_binary(raw, datatype, shape, count, label)
+    value = from_raw(raw, datatype, shape, count, label)
     return Tensor(name, datatype, tuple(shape), value), size
 
 
@@ -224,7 +224,9 @@ def _flatten(data: Any, label: str) -> list:
     return out
 
 
-def _from_json(data: Any, datatype: str, shape: list[int], count: int, label: str) -> Any:
+def from_values(data: Any, datatype: str, shape: list[int], count: int, label: str) -> Any:
+    """A tensor from JSON values (flat or nested as the shape), checked against its
+    datatype: a numpy array, or for BYTES a list of str."""
     flat = _flatten(data, label)
     if len(flat) != count:
         raise BadInput(f"{label}: {len(flat)} values for shape {shape} ({count} elements)")
@@ -249,7 +251,8 @@ def _from_json(data: Any, datatype: str, shape: list[int], count: int, label: st
     return array.reshape(shape)
 
 
-def _from_binary(raw: bytes, datatype: str, shape: list[int], count: int, label: str) -> Any:
+def from_raw(raw: bytes, datatype: str, shape: list[int], count: int, label: str) -> Any:
+    """A tensor from its raw bytes (little-endian C order; BYTES length-prefixed)."""
     if datatype == "BYTES":
         return _bytes_elements(raw, count, label)
     dtype = DATATYPES[datatype]

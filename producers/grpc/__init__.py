@@ -1,0 +1,1 @@
+"""The gateway's gRPC side: the Open Inference Protocol's GRPCInferenceService."""
