@@ -23,6 +23,7 @@ import random
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,6 +74,8 @@ class AsyncClient:
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
         self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
         self._revoking: set[asyncio.Task] = set()  # revocations under way
+        #: Each future's task id, for as long as its caller holds the future.
+        self._ids: weakref.WeakKeyDictionary[asyncio.Future, str] = weakref.WeakKeyDictionary()
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -171,6 +174,7 @@ class AsyncClient:
                 out.append(routed)
             else:
                 future.add_done_callback(functools.partial(_drop, self._waiting, task_id))
+                self._ids[future] = task_id
                 out.append(future)
         return out
 
@@ -265,10 +269,10 @@ class AsyncClient:
             await pipe.execute()
 
     def revoke_soon(self, futures: Sequence[asyncio.Future]) -> None:
-        """Revoke the tasks of these futures still waiting, in a task of its own (the
-        caller is being cancelled); a failure is logged, the tasks then run for nobody."""
-        wanted = set(futures)
-        ids = [t for t, f in self._waiting.items() if f in wanted and not f.done()]
+        """Revoke the tasks of these futures (from submit_many), in a task of its own:
+        the caller is being cancelled, and its futures with it. A failure is logged; the
+        tasks then run for nobody."""
+        ids = [self._ids[f] for f in futures if f in self._ids]
         if ids:
             task = asyncio.get_running_loop().create_task(self._revoke_logged(ids))
             self._revoking.add(task)

@@ -52,6 +52,7 @@ class Processes:
         self.client = client
         self.logs = logs
         self.started: list[subprocess.Popen] = []
+        self.grpc: dict[str, str] = {}  # gateway name -> its gRPC address
 
     def worker(self, name: str = "w1", idle: bool = True, **overrides) -> subprocess.Popen:
         """Start a worker; wait until its executors are registered (and IDLE if `idle`)."""
@@ -79,10 +80,15 @@ class Processes:
         return process
 
     def gateway(self, name: str = "http", *flags: str) -> str:
-        """Start `tandem http` on a free port; wait until it is ready. Returns its URL."""
+        """Start `tandem http` on free ports (HTTP, and gRPC unless a flag sets its port);
+        wait until it is ready. Returns its URL; `grpc[name]` is its gRPC address."""
         import httpx
 
         port = free_port()
+        if not any(flag.startswith("--grpc-port") for flag in flags):
+            flags = (f"--grpc-port={free_port()}", *flags)
+        grpc_port = next(int(f.split("=")[1]) for f in flags if f.startswith("--grpc-port"))
+        self.grpc[name] = f"127.0.0.1:{grpc_port}"
         log = self.logs / f"{name}.log"
         process = spawn(["http", f"--port={port}", *flags], self.settings, log)
         self.started.append(process)

@@ -109,14 +109,14 @@ def test_tritonclient_sees_health_metadata_and_readiness(url):
 
 
 def test_a_batch_is_split_into_tasks_and_joined_back_in_order(url):
-    before = _metric(url, 'tandem_gateway_items_total{protocol="http",model="sim:1"}')
+    before = _metric(url, 'tandem_gateway_items_total{model="sim:1",protocol="http"}')
     rows = [[float(n), n + 0.5, -n] for n in range(7)]
     flat = [v for row in rows for v in row]
     done = post(url, "/v2/models/sim/versions/1/infer", infer_body("x", "FP32", [7, 3], flat))
     assert done.status_code == 200, done.text
     (out,) = done.json()["outputs"]
     assert out["shape"] == [7, 3] and out["data"] == flat
-    assert _metric(url, 'tandem_gateway_items_total{protocol="http",model="sim:1"}') == before + 7
+    assert _metric(url, 'tandem_gateway_items_total{model="sim:1",protocol="http"}') == before + 7
 
 
 def test_triton_priority_and_timeout_are_taken(url):
@@ -350,7 +350,11 @@ def test_requests_past_the_concurrency_bound_get_503(strict):
         kwargs={"headers": AUTH},
     )  # fmt: skip
     busy.start()
-    wait_until(lambda: _metric(strict, 'tandem_gateway_in_flight{protocol="http"}') >= 1, 10, "a request in flight")
+    wait_until(
+        lambda: _metric(strict, 'tandem_gateway_in_flight{protocol="http"}') >= 1,
+        10,
+        "a request in flight",
+    )
     done = post(strict, "/v2/models/sim/infer", slow_body(2), headers=AUTH)
     busy.join()
     assert done.status_code == 503 and done.headers["Retry-After"] == "1"

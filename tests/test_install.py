@@ -49,6 +49,9 @@ EXTRA_FILES = {
     "producers/http/oip.py": "http",
     "producers/http/embeddings.py": "http",
     "producers/http/tensors.py": "http",
+    "producers/grpc/service.py": "http",
+    "producers/grpc/server.py": "http",
+    "producers/grpc/tensors.py": "http",
 }
 #: What the base install's commands load (submit, status, dead, coordinator, models), with
 #: Celery's lazily imported Redis transport and backend.

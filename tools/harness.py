@@ -132,10 +132,11 @@ class Point:
             self._start_gateway()
 
     def _start_gateway(self) -> None:
-        port = free_port()
+        port, grpc_port = free_port(), free_port()
         self.http_url = f"http://127.0.0.1:{port}"
+        self.grpc_address = f"127.0.0.1:{grpc_port}"
         self.gateway = spawn(
-            ["http", f"--port={port}", "--max-concurrency=100000"],
+            ["http", f"--port={port}", f"--grpc-port={grpc_port}", "--max-concurrency=100000"],
             self.settings,
             self.folder / "logs" / "gateway.log",
         )
