@@ -82,14 +82,14 @@ def test_flower_takes_its_broker_from_the_env_file_and_asks_for_a_login_when_tol
     assert flower["environment"] == ["FLOWER_BASIC_AUTH"]
 
 
-PUBLISHED = {"flower": 5555, "gateway": 8000, "prometheus": 9090, "grafana": 3000}
+PUBLISHED = {"flower": (5555,), "gateway": (8000, 8001), "prometheus": (9090,), "grafana": (3000,)}
 
 
 def test_only_what_a_user_opens_is_published_and_on_this_host_by_default(compose):
     for name, service in compose["services"].items():
         if name in PUBLISHED:
-            port = PUBLISHED[name]
-            assert service["ports"] == [f"${{PUBLISH_ADDRESS:-127.0.0.1}}:{port}:{port}"]
+            ports = PUBLISHED[name]
+            assert service["ports"] == [f"${{PUBLISH_ADDRESS:-127.0.0.1}}:{p}:{p}" for p in ports]
         elif name == "redis":  # no password here: this host only, whatever PUBLISH_ADDRESS
             assert service["ports"] == ["127.0.0.1:6379:6379"]
         else:
@@ -145,7 +145,7 @@ def test_docker_compose_accepts_the_file_and_publishes_on_this_host():
         for address, _ in published(service):
             assert address == "127.0.0.1", f"{name} is published on {address}"
     opened = compose_config({"PUBLISH_ADDRESS": "0.0.0.0"})["services"]
-    assert published(opened["gateway"]) == [("0.0.0.0", 8000)]
+    assert published(opened["gateway"]) == [("0.0.0.0", 8000), ("0.0.0.0", 8001)]
     assert published(opened["redis"]) == [("127.0.0.1", 6379)]
 
 

@@ -112,11 +112,15 @@ def test_the_gateway_runs_replicas_ready_on_its_health_path_and_is_scraped():
     assert deployment["spec"]["replicas"] >= 2
     gateway = container(objects, "tandem-gateway")
     assert gateway["command"][:2] == ["tandem", "http"] and "0.0.0.0" in gateway["command"]
-    assert gateway["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert gateway["readinessProbe"]["grpc"] == {"port": 8001}  # grpc.health.v1, as served
+    assert "--grpc-port" in gateway["command"]
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "8000"
-    assert objects["Service/tandem-gateway"]["spec"]["ports"] == [{"name": "http", "port": 8000}]
+    assert objects["Service/tandem-gateway"]["spec"]["ports"] == [
+        {"name": "http", "port": 8000},
+        {"name": "grpc", "port": 8001},
+    ]
 
 
 def test_one_gpu_per_worker_pod_and_the_grace_period_of_compose():
