@@ -7,7 +7,9 @@ One stack serves the module: a fast worker (sim:1 at zero cost, tiny:1), a slow 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,3 +404,16 @@ def test_bytes_that_are_no_message_get_an_error_and_the_server_serves_on(address
             assert e.code() != grpc.StatusCode.OK
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
+
+
+def test_the_readme_examples_run_as_written(address):
+    root = Path(__file__).resolve().parent.parent
+    tour = (root / "README.md").read_text().split("**From any gRPC client**", 1)[1]
+    tour = tour.split("**Models**", 1)[0]
+    sync, aio = re.findall(r"```python\n(.*?)```", tour, flags=re.S)
+    scope: dict = {}
+    exec(sync.replace("localhost:8001", address), scope)
+    assert scope["y"].shape == (2, 4)
+    scope = {}
+    exec(aio.replace("localhost:8001", address), scope)
+    assert np.array_equal(scope["y"], np.arange(15, dtype=np.float32).reshape(3, 5))
