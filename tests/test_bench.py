@@ -152,7 +152,7 @@ def test_the_overload_profile_names_a_bad_load(tmp_path):
     assert "--loads" in done.stderr
 
 
-def test_the_http_profile_times_the_gateway_next_to_a_direct_client():
+def test_the_http_profile_times_the_gateway_over_http_and_grpc_next_to_a_direct_client():
     pytest.importorskip("uvicorn")
     from tandem.broker.settings import load_settings
     from tandem.tools import httpbench
@@ -169,12 +169,14 @@ def test_the_http_profile_times_the_gateway_next_to_a_direct_client():
         rates=(20.0,),
         seconds=1.0,
     )
-    direct, http = report["low_load"]
-    assert (direct["path"], http["path"]) == ("direct", "http")
-    assert direct["added_p50_ms"] == 0 and http["requests"] == 6 and http["p50_ms"] > 0
-    (cpu,) = report["cpu"]
-    assert cpu["failed"] == 0 and cpu["requests"] == 200
-    assert cpu["requests_per_s"] > 0 and cpu["gateway_cpu_us_per_request"] > 0
+    direct, http, grpc = report["low_load"]
+    assert (direct["path"], http["path"], grpc["path"]) == ("direct", "http", "grpc")
+    assert direct["added_p50_ms"] == 0
+    assert all(row["requests"] == 6 and row["p50_ms"] > 0 for row in (http, grpc))
+    assert [cpu["protocol"] for cpu in report["cpu"]] == ["http", "grpc"]
+    for cpu in report["cpu"]:
+        assert cpu["failed"] == 0 and cpu["requests"] == 200
+        assert cpu["requests_per_s"] > 0 and cpu["gateway_cpu_us_per_request"] > 0
     assert [row["path"] for row in report["sweep"]] == ["direct", "http"]
     assert all(row["failed"] == 0 and row["p50_ms"] > 0 for row in report["sweep"])
 

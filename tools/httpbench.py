@@ -1,13 +1,14 @@
-"""`tandem bench --profile http`: the HTTP gateway against a direct `Client`, in one run.
+"""`tandem bench --profile http`: the gateway, over HTTP and gRPC, against a direct
+`Client`, in one run.
 
 - **added at low load**: one task at a time on `sim` at zero cost, one worker; a direct
-  `Client.submit` + `get()` and an OIP infer POST through the gateway (keep-alive),
-  alternated in blocks, at 30 ms and 2 ms spacing. The gateway's p50 minus the direct p50
-  is what it adds.
+  `Client.submit` + `get()`, an OIP infer POST through the gateway (keep-alive), and a
+  gRPC ModelInfer call (tritonclient.grpc), alternated in blocks, at 30 ms and 2 ms
+  spacing. A path's p50 minus the direct p50 is what the gateway adds.
 - **gateway CPU and requests/s**: a closed loop of concurrent OIP requests (one item
   each) from Locust's FastHttpUser in a process of its own (tools/locustfile.py), on the
-  same zero-cost model; the gateway's own CPU time (user + system, through psutil) per
-  request, and requests/s served.
+  same zero-cost model, and the same over gRPC from tritonclient.grpc.aio; the gateway's
+  own CPU time (user + system, through psutil) per request, and requests/s served.
 - **the sim sweep through HTTP**: sim (20 ms + 0.5 ms a task, 2 workers) under Poisson
   arrivals, each an HTTP request sent open-loop by aiohttp and timed to its response,
   next to the direct `tandem` row of the ordinary sweep at the same rates.
@@ -30,7 +31,7 @@ from typing import Any
 import psutil
 
 from tandem.broker.settings import Settings
-from tandem.tools import bench
+from tandem.tools import bench, grpcload
 from tandem.tools.harness import (
     SYSTEMS,
     Point,
@@ -90,9 +91,11 @@ def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> li
 
         return once
 
+    call, close = grpcload.one_call(point.grpc_address)
     paths = {
         "direct": timed(lambda: client.submit(MODEL, [1.0]).get(timeout=5)),
         "http": timed(lambda: http.post(PATH, body(1))),
+        "grpc": timed(call),
     }
     rows = []
     try:
@@ -111,26 +114,35 @@ def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> li
             ]
     finally:
         http.close()
+        close()
     return rows
 
 
-def _cpu(point: Point, requests: int, concurrency: int, progress) -> dict[str, Any]:
-    """A closed loop of Locust users (tools/locustfile.py) on the gateway: requests/s, and
-    the gateway's own CPU per request."""
-    progress(f"gateway CPU: {requests} requests, {concurrency} at a time, one item each")
-    _locust(point.http_url, 300, concurrency)  # warm
+def _cpu(point: Point, protocol: str, requests: int, concurrency: int, progress) -> dict:
+    """A closed loop on the gateway: Locust's users (tools/locustfile.py) over HTTP, or
+    tritonclient.grpc.aio over gRPC; requests/s, and the gateway's own CPU per request."""
+    progress(f"gateway CPU, {protocol}: {requests} requests, {concurrency} at a time")
     process = psutil.Process(point.gateway.pid)
-    before = process.cpu_times()
-    stats = _locust(point.http_url, requests, concurrency)
+    if protocol == "http":
+        _locust(point.http_url, 300, concurrency)  # warm
+        before = process.cpu_times()
+        stats = _locust(point.http_url, requests, concurrency)
+        seconds = stats["last_request_timestamp"] - stats["start_time"]
+        sent, failed = stats["num_requests"], stats["num_failures"]
+    else:
+        grpcload.closed_loop(point.grpc_address, 300, concurrency)  # warm
+        before = process.cpu_times()
+        seconds, failed = grpcload.closed_loop(point.grpc_address, requests, concurrency)
+        sent = requests
     after = process.cpu_times()
     cpu_s = (after.user - before.user) + (after.system - before.system)
-    seconds = stats["last_request_timestamp"] - stats["start_time"]
     return {
-        "requests": stats["num_requests"],
+        "protocol": protocol,
+        "requests": sent,
         "concurrency": concurrency,
-        "failed": stats["num_failures"],
-        "requests_per_s": round(stats["num_requests"] / seconds, 1),
-        "gateway_cpu_us_per_request": round(cpu_s / stats["num_requests"] * 1e6, 1),
+        "failed": failed,
+        "requests_per_s": round(sent / seconds, 1),
+        "gateway_cpu_us_per_request": round(cpu_s / sent * 1e6, 1),
         "gateway_cpu_share": round(cpu_s / seconds, 2),
     }
 
@@ -251,7 +263,11 @@ def run_http(
         point = Point(TANDEM, zero, 1, folder, gateway=True)
         try:
             low = _low_load(point, spacings_ms, tasks, block, progress)
-            cpu = [_cpu(point, burst, c, progress) for c in concurrencies]
+            cpu = [
+                _cpu(point, protocol, burst, c, progress)
+                for protocol in ("http", "grpc")
+                for c in concurrencies
+            ]
         finally:
             point.close()
     rates = rates or ((10.0, 300.0) if quick else SWEEP_RATES)
@@ -262,6 +278,7 @@ def run_http(
 
 LOW_COLUMNS = ("path", "spacing_ms", "requests", "p50_ms", "p99_ms", "added_p50_ms")
 CPU_COLUMNS = (
+    "protocol",
     "requests",
     "concurrency",
     "failed",
@@ -276,7 +293,8 @@ def report(settings: Settings, *, quick: bool, workers: int, progress) -> Report
     data = run_http(settings, quick=quick, workers=workers, progress=progress)
     out = Report(data)
     out.table(
-        "tandem bench, profile http: one request at a time, sim at zero cost, one worker",
+        "tandem bench, profile http: one request at a time (direct, HTTP, gRPC), sim at zero "
+        "cost, one worker",
         LOW_COLUMNS,
         data["low_load"],
     )
