@@ -173,7 +173,7 @@ def test_the_http_profile_times_the_gateway_over_http_and_grpc_next_to_a_direct_
     assert (direct["path"], http["path"], grpc["path"]) == ("direct", "http", "grpc")
     assert direct["added_p50_ms"] == 0
     assert all(row["requests"] == 6 and row["p50_ms"] > 0 for row in (http, grpc))
-    assert [cpu["protocol"] for cpu in report["cpu"]] == ["http", "grpc"]
+    assert [cpu["protocol"] for cpu in report["cpu"]] == ["http", "grpc", "grpc floor"]
     for cpu in report["cpu"]:
         assert cpu["failed"] == 0 and cpu["requests"] == 200
         assert cpu["requests_per_s"] > 0 and cpu["gateway_cpu_us_per_request"] > 0

@@ -42,9 +42,9 @@ EXTRA_FILES = {
     "tools/devicebench.py": "bench",
     "tools/gpu_check.py": "embed",  # torch, and minilm:1
     "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
-    "tools/locustfile.py": "bench",
+    "tools/locustfile.py": "bench",  # run by httpbench, in a process of its own
     "tools/plots.py": "bench",
-    "tools/grpcload.py": "bench",  # and http, as httpbench  # run by httpbench, in a process of its own
+    "tools/grpcload.py": "bench",  # and http, as httpbench
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",
     "producers/http/oip.py": "http",

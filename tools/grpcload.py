@@ -66,3 +66,68 @@ def closed_loop(address: str, requests: int, concurrency: int) -> tuple[float, i
         return out.get(timeout=600)
     finally:
         process.join(30)
+
+
+def _echo_server(port: int, ready) -> None:
+    """grpcio's asyncio server with a ModelInfer that echoes its input, on uvloop where
+    installed (as the gateway runs): what any service on this stack costs at least."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb2
+    from tritonclient.grpc import service_pb2_grpc as pb2_grpc
+
+    class Echo(pb2_grpc.GRPCInferenceServiceServicer):
+        async def ModelInfer(self, request, context):
+            answer = pb2.ModelInferResponse(model_name=request.model_name, model_version="1")
+            answer.outputs.add(name="y", datatype="FP32", shape=[1, 1])
+            answer.raw_output_contents.append(request.raw_input_contents[0])
+            return answer
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Echo(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        ready.set()
+        await server.wait_for_termination()
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
+
+
+def floor(requests: int, concurrency: int) -> dict:
+    """The closed loop on an echo server of grpcio's own: its CPU per request, the floor
+    of a gRPC gateway on grpcio."""
+    import psutil
+
+    from tandem.server import free_port
+
+    context = multiprocessing.get_context("spawn")
+    port, ready = free_port(), context.Event()
+    server = context.Process(target=_echo_server, args=(port, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the echo server did not start within 30 s")
+        address = f"127.0.0.1:{port}"
+        closed_loop(address, 300, concurrency)  # warm
+        process = psutil.Process(server.pid)
+        before = process.cpu_times()
+        seconds, failed = closed_loop(address, requests, concurrency)
+        after = process.cpu_times()
+    finally:
+        server.terminate()
+        server.join(10)
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return {
+        "protocol": "grpc floor",
+        "requests": requests,
+        "concurrency": concurrency,
+        "failed": failed,
+        "requests_per_s": round(requests / seconds, 1),
+        "gateway_cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
+        "gateway_cpu_share": round(cpu_s / seconds, 2),
+    }

@@ -8,7 +8,9 @@
 - **gateway CPU and requests/s**: a closed loop of concurrent OIP requests (one item
   each) from Locust's FastHttpUser in a process of its own (tools/locustfile.py), on the
   same zero-cost model, and the same over gRPC from tritonclient.grpc.aio; the gateway's
-  own CPU time (user + system, through psutil) per request, and requests/s served.
+  own CPU time (user + system, through psutil) per request, and requests/s served. The
+  gRPC loop runs again on an echo server of grpcio's own: the floor of any gateway on
+  grpcio's asyncio server.
 - **the sim sweep through HTTP**: sim (20 ms + 0.5 ms a task, 2 workers) under Poisson
   arrivals, each an HTTP request sent open-loop by aiohttp and timed to its response,
   next to the direct `tandem` row of the ordinary sweep at the same rates.
@@ -270,6 +272,8 @@ def run_http(
             ]
         finally:
             point.close()
+    progress("gRPC's floor: the same closed loop on an echo server of grpcio's own")
+    cpu += [grpcload.floor(burst, c) for c in concurrencies]
     rates = rates or ((10.0, 300.0) if quick else SWEEP_RATES)
     seconds = seconds or (2.0 if quick else 5.0)
     sweep = _sweep(settings, rates, seconds, workers, progress)
