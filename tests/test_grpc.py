@@ -417,3 +417,11 @@ def test_the_readme_examples_run_as_written(address):
     scope = {}
     exec(aio.replace("localhost:8001", address), scope)
     assert np.array_equal(scope["y"], np.arange(15, dtype=np.float32).reshape(3, 5))
+
+
+def test_triton_extensions_tandem_does_not_serve_say_so(triton):
+    with pytest.raises(InferenceServerException) as e:
+        triton.get_model_repository_index()
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "tandem does not serve" in e.value.message()
+    assert triton.is_server_live()

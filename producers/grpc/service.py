@@ -79,7 +79,7 @@ def grpc_status(e: Exception) -> tuple[grpc.StatusCode, str, float | None]:
 class Service(pb2_grpc.GRPCInferenceServiceServicer):
     """Health, metadata, config and infer (unary and streamed); the rest of Triton's
     extensions (repository, shared memory, statistics, trace, logging) answer
-    UNIMPLEMENTED, as the generated servicer does."""
+    UNIMPLEMENTED with the reason (see `_unimplemented`)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -280,6 +280,23 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in list(pending):
                 task.cancel()
+
+
+def _unimplemented(name: str):
+    async def method(self, request, context):
+        await context.abort(
+            Code.UNIMPLEMENTED,
+            f"{name} is a Triton extension tandem does not serve: models are loaded by the "
+            "workers that serve them, and statistics are on the HTTP port's /metrics",
+        )
+
+    method.__name__ = name
+    return method
+
+
+for _method in pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+    if _method.name not in vars(Service):
+        setattr(Service, _method.name, _unimplemented(_method.name))
 
 
 class _Aborted(Exception):
