@@ -44,7 +44,7 @@ EXTRA_FILES = {
     "tools/httpbench.py": "bench",  # and http: bench --profile http requires both
     "tools/locustfile.py": "bench",  # run by httpbench, in a process of its own
     "tools/plots.py": "bench",
-    "tools/grpcload.py": "bench",  # and http, as httpbench
+    "tools/grpcload.py": "http",  # gRPC's clients; bench --profile http requires both
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",
     "producers/http/oip.py": "http",

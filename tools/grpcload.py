@@ -98,36 +98,15 @@ def _echo_server(port: int, ready) -> None:
         uvloop.run(serve())
 
 
-def floor(requests: int, concurrency: int) -> dict:
-    """The closed loop on an echo server of grpcio's own: its CPU per request, the floor
-    of a gRPC gateway on grpcio."""
-    import psutil
-
+def start_echo_server() -> tuple[str, multiprocessing.Process]:
+    """An echo server (`_echo_server`) in a process of its own: (its address, it)."""
     from tandem.server import free_port
 
     context = multiprocessing.get_context("spawn")
     port, ready = free_port(), context.Event()
     server = context.Process(target=_echo_server, args=(port, ready), daemon=True)
     server.start()
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the echo server did not start within 30 s")
-        address = f"127.0.0.1:{port}"
-        closed_loop(address, 300, concurrency)  # warm
-        process = psutil.Process(server.pid)
-        before = process.cpu_times()
-        seconds, failed = closed_loop(address, requests, concurrency)
-        after = process.cpu_times()
-    finally:
+    if not ready.wait(30):
         server.terminate()
-        server.join(10)
-    cpu_s = (after.user - before.user) + (after.system - before.system)
-    return {
-        "protocol": "grpc floor",
-        "requests": requests,
-        "concurrency": concurrency,
-        "failed": failed,
-        "requests_per_s": round(requests / seconds, 1),
-        "gateway_cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
-        "gateway_cpu_share": round(cpu_s / seconds, 2),
-    }
+        raise RuntimeError("the echo server did not start within 30 s")
+    return f"127.0.0.1:{port}", server

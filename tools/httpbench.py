@@ -149,6 +149,31 @@ def _cpu(point: Point, protocol: str, requests: int, concurrency: int, progress)
     }
 
 
+def _grpc_floor(requests: int, concurrency: int) -> dict[str, Any]:
+    """The gRPC closed loop on an echo server of grpcio's own: its CPU per request, the
+    floor of a gRPC gateway on grpcio's asyncio server."""
+    address, server = grpcload.start_echo_server()
+    try:
+        grpcload.closed_loop(address, 300, concurrency)  # warm
+        process = psutil.Process(server.pid)
+        before = process.cpu_times()
+        seconds, failed = grpcload.closed_loop(address, requests, concurrency)
+        after = process.cpu_times()
+    finally:
+        server.terminate()
+        server.join(10)
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return {
+        "protocol": "grpc floor",
+        "requests": requests,
+        "concurrency": concurrency,
+        "failed": failed,
+        "requests_per_s": round(requests / seconds, 1),
+        "gateway_cpu_us_per_request": round(cpu_s / requests * 1e6, 1),
+        "gateway_cpu_share": round(cpu_s / seconds, 2),
+    }
+
+
 def _locust(url: str, requests: int, users: int) -> dict[str, Any]:
     """Run Locust headless until `requests` are answered; its stats of the infer path."""
     args = [
@@ -273,7 +298,7 @@ def run_http(
         finally:
             point.close()
     progress("gRPC's floor: the same closed loop on an echo server of grpcio's own")
-    cpu += [grpcload.floor(burst, c) for c in concurrencies]
+    cpu += [_grpc_floor(burst, c) for c in concurrencies]
     rates = rates or ((10.0, 300.0) if quick else SWEEP_RATES)
     seconds = seconds or (2.0 if quick else 5.0)
     sweep = _sweep(settings, rates, seconds, workers, progress)
