@@ -169,10 +169,11 @@ def test_the_http_profile_times_the_gateway_over_http_and_grpc_next_to_a_direct_
         rates=(20.0,),
         seconds=1.0,
     )
-    direct, http, grpc = report["low_load"]
-    assert (direct["path"], http["path"], grpc["path"]) == ("direct", "http", "grpc")
+    direct, http, grpc, floor = report["low_load"]
+    paths = [row["path"] for row in report["low_load"]]
+    assert paths == ["direct", "http", "grpc", "grpc floor"]
     assert direct["added_p50_ms"] == 0
-    assert all(row["requests"] == 6 and row["p50_ms"] > 0 for row in (http, grpc))
+    assert all(row["requests"] == 6 and row["p50_ms"] > 0 for row in (http, grpc, floor))
     assert [cpu["protocol"] for cpu in report["cpu"]] == ["http", "grpc", "grpc floor"]
     for cpu in report["cpu"]:
         assert cpu["failed"] == 0 and cpu["requests"] == 200

@@ -4,7 +4,8 @@
 - **added at low load**: one task at a time on `sim` at zero cost, one worker; a direct
   `Client.submit` + `get()`, an OIP infer POST through the gateway (keep-alive), and a
   gRPC ModelInfer call (tritonclient.grpc), alternated in blocks, at 30 ms and 2 ms
-  spacing. A path's p50 minus the direct p50 is what the gateway adds.
+  spacing. A path's p50 minus the direct p50 is what the gateway adds. Beside them, the
+  same gRPC call to an echo server of grpcio's own: a gRPC round trip doing nothing.
 - **gateway CPU and requests/s**: a closed loop of concurrent OIP requests (one item
   each) from Locust's FastHttpUser in a process of its own (tools/locustfile.py), on the
   same zero-cost model, and the same over gRPC from tritonclient.grpc.aio; the gateway's
@@ -94,10 +95,14 @@ def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> li
         return once
 
     call, close = grpcload.one_call(point.grpc_address)
+    echo, server = grpcload.start_echo_server()
+    echo_call, echo_close = grpcload.one_call(echo)
     paths = {
         "direct": timed(lambda: client.submit(MODEL, [1.0]).get(timeout=5)),
         "http": timed(lambda: http.post(PATH, body(1))),
         "grpc": timed(call),
+        # tritonclient.grpc to grpcio's own echo server: a gRPC round trip doing nothing
+        "grpc floor": timed(echo_call),
     }
     rows = []
     try:
@@ -117,6 +122,9 @@ def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> li
     finally:
         http.close()
         close()
+        echo_close()
+        server.terminate()
+        server.join(10)
     return rows
 
 
