@@ -119,6 +119,12 @@ def test_a_variable_length_model_answers_each_item(triton, direct):
         assert np.array_equal(got, np.asarray(expected, dtype=np.float32))
 
 
+def test_triton_priority_and_timeout_parameters_are_taken(triton):
+    rows = [tensor("x", np.ones((1, 8), np.float32))]
+    answer = triton.infer("tiny", rows, priority=2, timeout=5_000_000)  # µs, Triton's unit
+    assert answer.as_numpy("y").shape == (1, 4)
+
+
 def test_typed_contents_are_read_as_raw_ones_are(address, triton):
     rows = np.arange(16, dtype=np.float32).reshape(2, 8)
     request = service_pb2.ModelInferRequest(model_name="tiny", id="typed-1")
