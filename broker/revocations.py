@@ -1,12 +1,13 @@
 """Revocation records: a sorted set of revoked task ids, scored by when each record
 expires, which every executor asks before it computes (workers/prepare.py). Mixed into
-Table (broker/table.py)."""
+Table (broker/table.py); `record` writes the same from asyncio (producers/aio.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import redis
+import redis.asyncio as aioredis
 
 from tandem.broker import keys
 from tandem.broker.readmodel import ms, typed, typed_reply, written
@@ -42,3 +43,13 @@ class Revocations:
     def revocations(self) -> int:
         """How many revocation records exist (expired ones included until pruned)."""
         return typed(keys.REVOKED, 0, lambda: self.redis.zcard(keys.REVOKED))
+
+
+async def record(client: aioredis.Redis, task_ids: Sequence[str], ttl_s: float) -> None:
+    """Revocations.revoke on a redis.asyncio client: the records, expired ones dropped."""
+    seconds, micros = await client.time()
+    now = ms(seconds, micros)
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.zadd(keys.REVOKED, {t: now + int(ttl_s * 1000) for t in task_ids})
+        pipe.zremrangebyscore(keys.REVOKED, "-inf", now)
+        await pipe.execute()

@@ -30,7 +30,7 @@ from typing import Any
 import redis
 from celery import states
 
-from tandem.broker import keys, message, reads
+from tandem.broker import keys, message, reads, revocations
 from tandem.broker.connect import connect_async
 from tandem.broker.errors import (
     BadArgument,
@@ -74,7 +74,8 @@ class AsyncClient:
         self._models: dict[str, tuple[float, Any]] = {}  # cache key: (when read, value)
         self._joining: dict[tuple, list] = {}  # (model, priority, deadline_s): submits
         self._revoking: set[asyncio.Task] = set()  # revocations under way
-        #: Each future's task id, for as long as its caller holds the future.
+        #: Each future's task id, for as long as its caller holds the future: a cancelled
+        #: wait cancels its future, which leaves _waiting at once, before revoke_soon.
         self._ids: weakref.WeakKeyDictionary[asyncio.Future, str] = weakref.WeakKeyDictionary()
 
     async def __aenter__(self) -> AsyncClient:
@@ -258,15 +259,8 @@ class AsyncClient:
     async def revoke(self, task_ids: Sequence[str]) -> None:
         """Record the tasks revoked in Redis, as Client.revoke does: a task not yet
         computing is never computed, and its result is REVOKED."""
-        if not task_ids:
-            return
-        seconds, micros = await self.redis.time()
-        now_ms = seconds * 1000 + micros // 1000
-        until = now_ms + int(self.settings.result_expires_s * 1000)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(keys.REVOKED, dict.fromkeys(task_ids, until))
-            pipe.zremrangebyscore(keys.REVOKED, "-inf", now_ms)
-            await pipe.execute()
+        if task_ids:
+            await revocations.record(self.redis, task_ids, self.settings.result_expires_s)
 
     def revoke_soon(self, futures: Sequence[asyncio.Future]) -> None:
         """Revoke the tasks of these futures (from submit_many), in a task of its own:
