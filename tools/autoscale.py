@@ -278,7 +278,7 @@ def _drive(producer: Client, schedule: list[float], stack: Stack) -> harness.Sen
                 MODEL, batch, deadline_s=max(1e-3, at + slo_s - time.time())
             )
         except (Overloaded, QueueFull) as e:
-            results = e.accepted
+            results = list(e.accepted)
         return [r.id for r in results], len(batch) - len(results)
 
     return harness.drive(schedule, submit, stack.check)
@@ -289,7 +289,9 @@ def oracle_executor_s(trace: Trace, cold_s: float, capacity: float, seed: int = 
     (tools/oracle.py), each executor started cold_s ahead (it is foreseen)."""
     slow = NOMINAL_CAPACITY / capacity  # the measured executor against the nominal cost
     unit = oracle.Executor(
-        COST["sim_base_ms"] / 1000 * slow, COST["sim_per_item_ms"] / 1000 * slow, COST["max_batch"]
+        COST["sim_base_ms"] / 1000 * slow,
+        COST["sim_per_item_ms"] / 1000 * slow,
+        int(COST["max_batch"]),
     )
     schedule = arrivals(trace, capacity, seed)
     counts = oracle.plan(

@@ -94,7 +94,10 @@ def batches_app(settings: Settings, flush_every: int, flush_interval_ms: float) 
     )
     def infer(requests: list) -> None:
         outputs = compute([request.kwargs["inputs"] for request in requests])
-        counters.pipeline().incrby(TASKS, len(requests)).incr(BATCHES).execute()
+        with counters.pipeline() as pipe:
+            pipe.incrby(TASKS, len(requests))
+            pipe.incr(BATCHES)
+            pipe.execute()
         for request, output in zip(requests, outputs, strict=True):
             app.backend.mark_as_done(request.id, output, request=request)
 

@@ -83,14 +83,15 @@ def burst(
 
 
 def _counters(client: redis.Redis, model: str) -> dict[str, float]:
-    return {k.decode(): float(v) for k, v in client.hgetall(keys.metrics(model)).items()}
+    found: dict[bytes, bytes] = client.hgetall(keys.metrics(model))  # type: ignore[assignment]
+    return {k.decode(): float(v) for k, v in found.items()}
 
 
 def sim_rows(settings: Settings, quick: bool) -> list[dict[str, Any]]:
     """sim at each host-stage cost, staging on and off."""
     rows = []
     batches = 20 if quick else 60
-    inputs = [[n] for n in range(batches * SIM["max_batch"])]
+    inputs = [[n] for n in range(batches * int(SIM["max_batch"]))]
     for collate_ms, copy_ms in QUICK_STAGES if quick else SIM_STAGES:
         chosen = settings.replace(**SIM, sim_collate_ms=collate_ms, sim_copy_ms=copy_ms)
         for staging in (True, False):
@@ -116,7 +117,7 @@ def model_rows(settings: Settings, quick: bool, embed: bool) -> list[dict[str, A
     count = 256 if quick else 1024
     torch.manual_seed(0)
     images = [torch.randn(3, 32, 32) for _ in range(64)]  # the binary tensor payload
-    plans = [("cnn:1", [images[n % 64] for n in range(count)])]
+    plans: list[tuple[str, list[Any]]] = [("cnn:1", [images[n % 64] for n in range(count)])]
     if embed:
         text = "the quick brown fox jumps over a lazy dog while tandem batches it"
         texts = [" ".join(text.split(" ")[: 3 + n % 10]) for n in range(count)]
@@ -146,7 +147,10 @@ def period_check(rows: list[dict[str, Any]]) -> list[str]:
 
 def main_rows(settings: Settings, quick: bool, embed: bool) -> dict[str, list]:
     started = time.monotonic()
-    out = {"sim": sim_rows(settings, quick), "models": model_rows(settings, quick, embed)}
+    out: dict[str, list] = {
+        "sim": sim_rows(settings, quick),
+        "models": model_rows(settings, quick, embed),
+    }
     out["seconds"] = [round(time.monotonic() - started)]
     return out
 

@@ -21,7 +21,7 @@ from tandem.broker.connect import connect
 from tandem.broker.errors import TandemError
 from tandem.broker.retry import REDIS_ERRORS, retry
 from tandem.broker.settings import Settings
-from tandem.producers.client import Client
+from tandem.producers.client import Client, TandemResult
 from tandem.server import RedisServer, SentinelGroup
 from tandem.stack import spawn, stop_process, wait_for_executors
 from tandem.tools import whereabouts
@@ -72,7 +72,7 @@ class Producer(threading.Thread):
     def __init__(self, client: Client, rate: float) -> None:
         super().__init__(name="failover producer", daemon=True)
         self.client, self.rate = client, rate
-        self.accepted: list[tuple[float, object]] = []
+        self.accepted: list[tuple[float, TandemResult]] = []
         self.refused = 0
         self.stop = threading.Event()
 
@@ -141,7 +141,9 @@ def _kill_primary(group: SentinelGroup, producer: Producer) -> float:
     """Kill the primary; once Sentinel has promoted the replica, restart the killed server
     as a replica of the new primary. Returns the seconds from the kill until a task
     accepted after it has its result (inf if none within 60 s)."""
-    old = group.server(group.primary())
+    port = group.primary()
+    assert port is not None  # the sentinels name a primary before any kill
+    old = group.server(port)
     killed = time.monotonic()
     old.kill()
     deadline = killed + 60

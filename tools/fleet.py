@@ -99,8 +99,8 @@ def idle_load(executors: int, per_worker: int, seconds: float, folder: Path) -> 
         count = -(-executors // per_worker)
         for n in range(count):
             mine = min(per_worker, executors - n * per_worker)
-            worker = settings.replace(hostname=f"idle{n}@fleet", executors_per_model=mine)
-            workers.append(spawn(["worker"], worker, folder / "logs" / f"idle{n}.log"))
+            chosen = settings.replace(hostname=f"idle{n}@fleet", executors_per_model=mine)
+            workers.append(spawn(["worker"], chosen, folder / "logs" / f"idle{n}.log"))
         workers.append(spawn(["coordinator"], settings, folder / "logs" / "coordinator.log"))
         client = redis.Redis.from_url(server.url)
         wait_for_executors(client, executors, 300, workers)

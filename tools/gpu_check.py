@@ -72,7 +72,7 @@ def run(device: str, model: str, max_batch: int, staging: bool, batches: int, fo
         for result in c.submit_many(model, inputs(model, tasks)):
             result.get(timeout=600)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        raw = c.redis.hgetall(keys.metrics(model))
+        raw: dict[bytes, bytes] = c.redis.hgetall(keys.metrics(model))  # type: ignore[assignment]
     m = {k.decode(): float(v) for k, v in raw.items()}
     count = max(m.get("batch_size:count", 1), 1)
     device_ms = m.get("device_ms:sum")

@@ -8,6 +8,7 @@ import asyncio
 import multiprocessing
 import time
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def _echo_server(port: int, ready) -> None:
         uvloop.run(serve())
 
 
-def start_echo_server() -> tuple[str, multiprocessing.Process]:
+def start_echo_server() -> tuple[str, BaseProcess]:
     """An echo server (`_echo_server`) in a process of its own: (its address, it)."""
     from tandem.server import free_port
 

@@ -168,11 +168,12 @@ class Point:
                     return [self.client.submit(model, batch[0]).id], 0
                 results = self.client.submit_many(model, batch, deadline_s=left)
             except (Overloaded, QueueFull) as e:
-                results = e.accepted
+                results = list(e.accepted)
             return [r.id for r in results], len(batch) - len(results)
         from tandem.tools import baselines
 
         name, queue = baselines.task_of(self.system.kind)
+        assert self.app is not None  # a Celery point
         expires = None if deadline is None else datetime.fromtimestamp(deadline, timezone.utc)
         sent = [
             self.app.send_task(name, kwargs={"inputs": x}, queue=queue, expires=expires).id
@@ -239,7 +240,7 @@ def arrivals(rate: float | Callable[[float], float], seconds: float, seed: int) 
     rng = random.Random(seed)
     at = rate if callable(rate) else None
     peak = max(at(t / 10) for t in range(int(seconds * 10))) if at else float(rate)  # type: ignore[arg-type]
-    t, out = 0.0, []
+    t, out = 0.0, []  # type: tuple[float, list[float]]
     while True:
         t += rng.expovariate(peak)
         if t >= seconds:

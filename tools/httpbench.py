@@ -85,6 +85,7 @@ class Keepalive:
 def _low_load(point: Point, spacings_ms, tasks: int, block: int, progress) -> list[dict]:
     http = Keepalive(point.http_url)
     client = point.client
+    assert client is not None  # a tandem point
 
     def timed(send) -> Callable[[], float]:
         def once() -> float:
@@ -132,6 +133,7 @@ def _cpu(point: Point, protocol: str, requests: int, concurrency: int, progress)
     """A closed loop on the gateway: Locust's users (tools/locustfile.py) over HTTP, or
     tritonclient.grpc.aio over gRPC; requests/s, and the gateway's own CPU per request."""
     progress(f"gateway CPU, {protocol}: {requests} requests, {concurrency} at a time")
+    assert point.gateway is not None  # a point with the gateway
     process = psutil.Process(point.gateway.pid)
     if protocol == "http":
         _locust(point.http_url, 300, concurrency)  # warm

@@ -76,10 +76,11 @@ def consume(url: str, ready, stop) -> None:
     client = redis.Redis.from_url(url)
     ready.set()
     while not stop.is_set():
-        message = client.blmove(QUEUE, INFLIGHT, 0.2, "RIGHT", "LEFT")
-        if message is not None:
-            client.publish(CHANNEL + message.decode(), message)
-            client.lrem(INFLIGHT, 1, message)
+        # redis-py types the timeout as int; Redis takes seconds with decimals.
+        found: bytes | None = client.blmove(QUEUE, INFLIGHT, 0.2, "RIGHT", "LEFT")  # type: ignore[arg-type,assignment]
+        if found is not None:
+            client.publish(CHANNEL + found.decode(), found)
+            client.lrem(INFLIGHT, 1, found)  # type: ignore[arg-type]
     client.close()
 
 
@@ -98,6 +99,7 @@ def consume_floor(url: str, ready, stop, dump, trace: str) -> None:
         if raw is not None:
             taken = time.monotonic_ns()
             task = message.decode(raw, max_bytes=1 << 20)
+            assert task.id is not None  # the floor's producer gives every task an id
             meta = results.success(task.id, task.inputs)
             stored = [keys.result(task.id), FLOOR_INFLIGHT]
             sending = time.monotonic_ns()
@@ -239,6 +241,7 @@ def run_latency(
             if not (ready.wait(30) and floor_ready.wait(30)):
                 raise RuntimeError("the bare and floor consumers did not start within 30 s")
             client = point.client
+            assert client is not None  # a tandem point
             bare, floor = Bare(point.url), Floor(point.url)
             try:
                 report = _measure(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import gevent
 from locust import FastHttpUser, constant, events, task
@@ -19,6 +20,7 @@ REQUESTS = int(os.environ.get("TANDEM_BENCH_REQUESTS", "1000"))
 PATH = os.environ.get("TANDEM_BENCH_PATH", "/v2/models/sim/versions/1/infer")
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1]}]})
 sent = answered = 0
+_environment: Any = None  # Locust's Environment, once it is made
 
 
 @events.request.add_listener

@@ -123,7 +123,9 @@ def run_point(
 
 
 def _row(system, load, capacity, slo_ms, seconds, due, refused, arrived, queued) -> dict[str, Any]:
-    good, late, shed, failed = [], [], 0, 0
+    good: list[float] = []
+    late: list[float] = []
+    shed = failed = 0
     for task_id, at in due.items():
         got = arrived.get(task_id)
         if got is None:

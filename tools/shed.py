@@ -62,6 +62,7 @@ def _run(settings: Settings, tasks: int, *, shed: bool) -> dict[str, Any]:
 
 def _measure(point: Point, recorder: Recorder, tasks: int, *, shed: bool) -> dict[str, Any]:
     client = point.client
+    assert client is not None  # a tandem point
     client.submit(MODEL, 0).get(timeout=30)  # the latency model's first batch
     client.submit(MODEL, 1)  # the executor computes this one (for 2 s when shedding)
     expires = datetime.now(timezone.utc) + timedelta(seconds=DUE_S) if shed else None

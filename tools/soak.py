@@ -27,7 +27,7 @@ from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import Client
 from tandem.server import RedisServer
-from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.stack import Child, spawn, stop_process, wait_for_executors
 from tandem.tools import chaos
 from tandem.tools.harness import arrivals, drive
 
@@ -103,7 +103,7 @@ class Soak:
         self.redis = redis.Redis.from_url(self.server.url)
         self.report = Report()
         self.accepted: dict[str, str] = {}  # task id -> "ok" | "bad" | "deadline"
-        self.workers: dict[str, object] = {}
+        self.workers: dict[str, Child] = {}
         self.coordinator = spawn(["coordinator"], self.settings, folder / "logs" / "coord.log")
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the chaos and supervisor threads both start workers
@@ -122,7 +122,7 @@ class Soak:
         """Restart each worker that exits by itself, as compose or Kubernetes would."""
         while not self._stop.wait(0.2):  # a supervisor's polling interval
             for name, process in list(self.workers.items()):
-                if process.poll() is not None and self.workers.pop(name, None):
+                if process.poll() is not None and self.workers.pop(name, None) is not None:
                     self.report.exits[process.returncode] += 1
                     self.start_worker()
 
@@ -227,10 +227,10 @@ class Soak:
 
     def _held(self, executor_id: str) -> list[str]:
         """Ids of the good tasks in an executor's L2 and in-flight lists."""
-        raws = self.redis.lrange(keys.inflight(executor_id), 0, -1)
-        raws += self.redis.lrange(keys.l2(executor_id), 0, -1)
+        raws: list[bytes] = self.redis.lrange(keys.inflight(executor_id), 0, -1)  # type: ignore[assignment]
+        raws += self.redis.lrange(keys.l2(executor_id), 0, -1)  # type: ignore[arg-type]
         ids = [message.decode(raw, max_bytes=self.settings.max_message_bytes).id for raw in raws]
-        return [i for i in ids if self.accepted.get(i) == "ok"]
+        return [i for i in ids if i is not None and self.accepted.get(i) == "ok"]
 
     def restart_redis(self) -> None:
         self.server.kill()
@@ -290,7 +290,7 @@ class Soak:
         report.redelivered = int(stats.get(b"redelivered", 0))
         for letter in deadletter.read(self.redis, 10_000):
             if letter.reason.startswith("PoisonMessage"):
-                if self.accepted.get(letter.id) == "poison":
+                if self.accepted.get(letter.id or "") == "poison":
                     report.quarantined += 1
                 else:  # its workers were killed under it max_deliveries times
                     report.quarantined_other += 1

@@ -29,7 +29,7 @@ from tandem.broker.errors import TandemError
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.server import RedisServer
-from tandem.stack import spawn, stop_process, wait_for_executors
+from tandem.stack import Child, spawn, stop_process, wait_for_executors
 from tandem.tools.harness import Recorder, arrivals, drive
 
 MODELS = ("sim:1", "tiny:1")
@@ -154,7 +154,7 @@ class Steady:
         )
         self.redis = redis.Redis.from_url(self.server.url)
         self.report = SteadyReport(minutes=seconds / 60, ttl_s=ttl_s)
-        self.processes: dict[str, object] = {}
+        self.processes: dict[str, Child] = {}
         self._stop = threading.Event()
 
     def run(self, sample_s: float) -> SteadyReport:

@@ -26,19 +26,21 @@ def places(client: redis.Redis, model: str, task_ids: list[str]) -> dict[str, li
     found: dict[str, list[str]] = {t: [] for t in task_ids}
     if not task_ids:
         return found
-    stored = client.mget([keys.result(t) for t in task_ids])
+    stored: list[bytes | None] = client.mget([keys.result(t) for t in task_ids])  # type: ignore[assignment]
     for task_id, raw in zip(task_ids, stored, strict=True):
         if raw is not None:
             found[task_id].append(f"result {_status(raw)}")
     lists = [(f"L1 {k}", k) for k in keys.l1_keys(model)]
     lists += [("retry", keys.retry(model)), ("poison", keys.POISON)]
-    for executor_id in sorted(m.decode() for m in client.smembers(keys.executors(model))):
+    members: set[bytes] = client.smembers(keys.executors(model))  # type: ignore[assignment]
+    for executor_id in sorted(m.decode() for m in members):
         lists.append((f"L2 of {executor_id}", keys.l2(executor_id)))
         lists.append((f"in flight at {executor_id}", keys.inflight(executor_id)))
     for where, key in lists:
-        for raw in client.lrange(key, 0, -1):
+        held: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
+        for message in held:
             for task_id in task_ids:
-                if task_id.encode() in raw:
+                if task_id.encode() in message:
                     found[task_id].append(where)
     for letter in deadletter.read(client, 10_000):
         if letter.id in found:
