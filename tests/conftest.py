@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import subprocess
@@ -44,6 +45,31 @@ def settings(redis_server) -> Settings:
     return fast_settings(redis_server.url)
 
 
+#: The slow worker's compute per batch, in the gateway test stack.
+SLOW_MS = 300
+
+
+@contextlib.contextmanager
+def gateway_stack(folder: Path):
+    """The stack the gateway's tests share: a fast worker (sim:1 at zero cost, tiny:1), a
+    slow one (sim:2, SLOW_MS a batch, L1 bounded at 1 task), a coordinator, and a gateway
+    named "gateway" (`.url`; its gRPC address in `.grpc["gateway"]`)."""
+    server = RedisServer(folder / "redis").start()
+    settings = fast_settings(server.url)
+    client = redis.Redis.from_url(server.url)
+    procs = Processes(settings, client, folder / "logs")
+    try:
+        procs.worker("fast", models=("sim:1", "tiny:1"), sim_base_ms=0, sim_per_item_ms=0)
+        procs.worker("slow", models=("sim:2",), sim_base_ms=SLOW_MS, sim_per_item_ms=0, max_queue=1)
+        procs.coordinator()
+        procs.url = procs.gateway("gateway")
+        yield procs
+    finally:
+        procs.stop_all()
+        client.close()
+        server.stop()
+
+
 class Processes:
     """Starts `tandem worker` and `tandem coordinator` processes; stops them all at teardown."""
 
@@ -53,6 +79,7 @@ class Processes:
         self.logs = logs
         self.started: list[subprocess.Popen] = []
         self.grpc: dict[str, str] = {}  # gateway name -> its gRPC address
+        self.url = ""  # the gateway's, where a test stack has one
 
     def worker(self, name: str = "w1", idle: bool = True, **overrides) -> subprocess.Popen:
         """Start a worker; wait until its executors are registered (and IDLE if `idle`)."""

@@ -1,8 +1,7 @@
 """The gateway's gRPC side: a real gateway process, a real Redis, real workers, and the
 client Triton users already have (tritonclient.grpc, sync and aio). No assertion on speed.
 
-One stack serves the module: a fast worker (sim:1 at zero cost, tiny:1), a slow one
-(sim:2, 300 ms a batch, L1 bounded at 1 task), a coordinator, and a gateway."""
+One stack serves the module, the one test_http.py uses (conftest.gateway_stack)."""
 
 from __future__ import annotations
 
@@ -18,12 +17,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from conftest import Processes
-from helpers import fast_settings, wait_until
+from conftest import gateway_stack
+from helpers import wait_until
 from tandem.broker import keys
 from tandem.broker.table import Table
 from tandem.producers.client import Client
-from tandem.server import RedisServer
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 import grpc  # noqa: E402  (after the skip: grpcio comes with tritonclient[grpc])
@@ -32,26 +30,11 @@ from tritonclient.grpc import aio as grpcaio  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-SLOW_MS = 300
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("grpc")
-    server = RedisServer(folder / "redis").start()
-    settings = fast_settings(server.url)
-    client = redis.Redis.from_url(server.url)
-    procs = Processes(settings, client, folder / "logs")
-    try:
-        procs.worker("fast", models=("sim:1", "tiny:1"), sim_base_ms=0, sim_per_item_ms=0)
-        procs.worker("slow", models=("sim:2",), sim_base_ms=SLOW_MS, sim_per_item_ms=0, max_queue=1)
-        procs.coordinator()
-        procs.url = procs.gateway("gateway")
+    with gateway_stack(tmp_path_factory.mktemp("grpc")) as procs:
         yield procs
-    finally:
-        procs.stop_all()
-        client.close()
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """The HTTP front door (`tandem http`): a real gateway process, a real Redis, real workers,
 and the clients services already use (tritonclient, openai, httpx). No assertion on speed.
 
-One stack serves the module: a fast worker (sim:1 at zero cost, tiny:1), a slow one
-(sim:2, 300 ms a batch, L1 bounded at 1 task), a coordinator, and a gateway."""
+One stack serves the module (conftest.gateway_stack): a fast worker (sim:1 at zero
+cost, tiny:1), a slow one (sim:2, 300 ms a batch, L1 bounded at 1 task), a coordinator,
+and a gateway."""
 
 from __future__ import annotations
 
@@ -25,34 +26,18 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from conftest import Processes
-from helpers import fast_settings, wait_until
+from conftest import gateway_stack
+from helpers import wait_until
 from tandem.broker.table import Table
 from tandem.producers.client import Client
-from tandem.server import RedisServer
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
-
-SLOW_MS = 300
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("http")
-    server = RedisServer(folder / "redis").start()
-    settings = fast_settings(server.url)
-    client = redis.Redis.from_url(server.url)
-    procs = Processes(settings, client, folder / "logs")
-    try:
-        procs.worker("fast", models=("sim:1", "tiny:1"), sim_base_ms=0, sim_per_item_ms=0)
-        procs.worker("slow", models=("sim:2",), sim_base_ms=SLOW_MS, sim_per_item_ms=0, max_queue=1)
-        procs.coordinator()
-        procs.url = procs.gateway("http")
+    with gateway_stack(tmp_path_factory.mktemp("http")) as procs:
         yield procs
-    finally:
-        procs.stop_all()
-        client.close()
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -146,17 +146,8 @@ def _cpu(point: Point, protocol: str, requests: int, concurrency: int, progress)
         before = process.cpu_times()
         seconds, failed = grpcload.closed_loop(point.grpc_address, requests, concurrency)
         sent = requests
-    after = process.cpu_times()
-    cpu_s = (after.user - before.user) + (after.system - before.system)
-    return {
-        "protocol": protocol,
-        "requests": sent,
-        "concurrency": concurrency,
-        "failed": failed,
-        "requests_per_s": round(sent / seconds, 1),
-        "gateway_cpu_us_per_request": round(cpu_s / sent * 1e6, 1),
-        "gateway_cpu_share": round(cpu_s / seconds, 2),
-    }
+    cpu_s = _cpu_s(process.cpu_times(), before)
+    return _cpu_row(protocol, sent, concurrency, failed, seconds, cpu_s)
 
 
 def _grpc_floor(requests: int, concurrency: int) -> dict[str, Any]:
@@ -172,9 +163,19 @@ def _grpc_floor(requests: int, concurrency: int) -> dict[str, Any]:
     finally:
         server.terminate()
         server.join(10)
-    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return _cpu_row("grpc floor", requests, concurrency, failed, seconds, _cpu_s(after, before))
+
+
+def _cpu_s(after, before) -> float:
+    """User and system CPU seconds between two of psutil's cpu_times."""
+    return (after.user - before.user) + (after.system - before.system)
+
+
+def _cpu_row(
+    protocol: str, requests: int, concurrency: int, failed: int, seconds: float, cpu_s: float
+) -> dict[str, Any]:
     return {
-        "protocol": "grpc floor",
+        "protocol": protocol,
         "requests": requests,
         "concurrency": concurrency,
         "failed": failed,
