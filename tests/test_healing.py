@@ -208,9 +208,10 @@ def test_the_returner_meets_oom_and_nothing_is_lost(tmp_path, settings):
         wait_until(lambda: Table(r).executors(), 60, "the worker")
         with Client(settings=small) as client:
             ids = {client.submit("sim:1", [n]).id: n for n in range(4)}
-        # Computing (begun, WORKING): its store is the executor's next write. A task merely
-        # taken from L2 is in in-flight before the window's writes, which OOM would fail
-        # first, sending the executor into registering again instead.
+        # Computing (begun, WORKING): its store, or the claim of the next batch made while
+        # it computes, is the executor's next write. OOM on the claim (or on a task merely
+        # taken from L2, before the window's writes) sends the executor into registering
+        # again instead.
         wait_until(
             lambda: any(e.state == "WORKING" and e.inflight_depth for e in Table(r).executors()),
             30,
@@ -218,11 +219,16 @@ def test_the_returner_meets_oom_and_nothing_is_lost(tmp_path, settings):
         )
         r.config_set("maxmemory", "1")  # every write now fails with OOM
 
-        def failed() -> bool:  # the store failed, or Celery's consumer exited the worker first
-            return "storing results failed" in log.read_text() or worker.poll() is not None
+        def failed() -> bool:
+            """The store failed; or the executor restarted, when the claim of the next
+            batch (made while this one computes) met OOM first; or Celery's consumer
+            exited the worker first."""
+            text = log.read_text()
+            restarted = "handing its tasks back and registering again" in text
+            return "storing results failed" in text or restarted or worker.poll() is not None
 
         try:
-            wait_until(failed, 30, "the returner to fail, or the worker to exit")
+            wait_until(failed, 30, "the returner to fail, the executor to restart, or an exit")
         except AssertionError as e:  # a stall: show where the worker was
             tail = "\n".join(log.read_text().splitlines()[-30:])
             raise AssertionError(f"{e}; the worker's log ends:\n{tail}") from None
