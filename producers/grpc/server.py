@@ -8,7 +8,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc as pb2_grpc
 
-from tandem.producers.grpc.service import Service, ready
+from tandem.producers.grpc.service import Service
 from tandem.producers.http.gateway import Gateway
 
 #: The services the health check answers for: the server as a whole ("") and inference.
@@ -25,7 +25,8 @@ class Health(health_pb2_grpc.HealthServicer):
     async def Check(self, request, context):
         if request.service not in SERVICES:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        status = Status.SERVING if await ready(self.gateway) else Status.NOT_SERVING
+        ready = await self.gateway.not_ready() is None
+        status = Status.SERVING if ready else Status.NOT_SERVING
         return health_pb2.HealthCheckResponse(status=status)
 
 

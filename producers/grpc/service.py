@@ -57,6 +57,14 @@ class Busy(Exception):
     """Past the gateway's concurrency bound."""
 
 
+class Failed(Exception):
+    """A call's error as its gRPC status, and the seconds to wait before a retry."""
+
+    def __init__(self, code: grpc.StatusCode, text: str, retry_s: float | None) -> None:
+        super().__init__(text)
+        self.code, self.text, self.retry_s = code, text, retry_s
+
+
 def grpc_status(e: Exception) -> tuple[grpc.StatusCode, str, float | None]:
     """tandem's error as a gRPC status: its code, its message, and the seconds to wait
     before trying again where that is known."""
@@ -93,19 +101,34 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
         guarded: bool = True,
         bounded: bool = False,
     ) -> Any:
-        """Run one call: auth unless unguarded, the concurrency bound for a bounded one,
-        its metrics, and every error answered as a gRPC status."""
-        gateway, metrics = self.gateway, self.gateway.metrics
+        """One unary call (see `_run`); an error ends it with its status."""
+        try:
+            return await self._run(method, context, work, guarded=guarded, bounded=bounded)
+        except Failed as e:
+            if e.retry_s is not None:
+                context.set_trailing_metadata(((PUSHBACK, str(math.ceil(e.retry_s * 1000))),))
+            await context.abort(e.code, e.text)
+
+    async def _run(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        guarded: bool = True,
+        bounded: bool = False,
+    ) -> Any:
+        """Run one call's work: auth unless unguarded, the concurrency bound for a
+        bounded one, its metrics; every error raised as Failed, with its gRPC status."""
+        gateway = self.gateway
         started = time.perf_counter()
         code, held = Code.OK, False
         try:
             if guarded:
                 self._check_auth(context)
             if bounded:
-                if gateway.busy >= gateway.limits.max_concurrency:
+                if not gateway.admit("grpc"):
                     raise Busy
-                gateway.busy += 1
-                metrics.in_flight.labels("grpc").inc()
                 held = True
             return await work()
         except asyncio.CancelledError:
@@ -113,14 +136,11 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
             raise
         except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
             code, text, retry_s = grpc_status(e)
+            raise Failed(code, text, retry_s) from None
         finally:
             if held:
-                gateway.busy -= 1
-                metrics.in_flight.labels("grpc").dec()
-            metrics.observe("grpc", method, code.name, time.perf_counter() - started)
-        if retry_s is not None:
-            context.set_trailing_metadata(((PUSHBACK, str(math.ceil(retry_s * 1000))),))
-        await context.abort(code, text)
+                gateway.release("grpc")
+            gateway.metrics.observe("grpc", method, code.name, time.perf_counter() - started)
 
     def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
         token = self.gateway.token
@@ -145,7 +165,7 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
         return await self._serve("ServerReady", context, self._ready, guarded=False)
 
     async def _ready(self) -> Any:
-        return pb2.ServerReadyResponse(ready=await ready(self.gateway))
+        return pb2.ServerReadyResponse(ready=await self.gateway.not_ready() is None)
 
     async def ModelReady(self, request, context):
         async def work() -> Any:
@@ -249,15 +269,15 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
 
         async def one(request: Any) -> None:
             try:
-                response = await self._serve(
+                response = await self._run(
                     "ModelStreamInfer",
-                    _Quiet(context),
+                    context,
                     lambda: self._infer(request, context),
                     guarded=False,
                     bounded=True,
                 )
                 await answers.put(pb2.ModelStreamInferResponse(infer_response=response))
-            except _Aborted as e:
+            except Failed as e:  # this request's error; the stream goes on
                 failed = pb2.ModelInferResponse(id=request.id, model_name=request.model_name)
                 await answers.put(
                     pb2.ModelStreamInferResponse(error_message=e.text, infer_response=failed)
@@ -297,37 +317,3 @@ def _unimplemented(name: str):
 for _method in pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
     if _method.name not in vars(Service):
         setattr(Service, _method.name, _unimplemented(_method.name))
-
-
-class _Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, text: str) -> None:
-        super().__init__(text)
-        self.code, self.text = code, text
-
-
-class _Quiet:
-    """A stream's context for one of its requests: an error ends that request, not the
-    stream (abort raises _Aborted instead of ending the call)."""
-
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self._context = context
-
-    def set_trailing_metadata(self, metadata) -> None:
-        pass  # one request of a stream has no trailers of its own
-
-    async def abort(self, code: grpc.StatusCode, text: str) -> None:
-        raise _Aborted(code, text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-
-async def ready(gateway: Gateway) -> bool:
-    """Ready while Redis answers and the result reader runs."""
-    if not gateway.client.reading:
-        return False
-    try:
-        await asyncio.wait_for(gateway.client.redis.ping(), 2.0)
-    except Exception:  # noqa: BLE001 - not ready, whatever the reason
-        return False
-    return True

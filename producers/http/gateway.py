@@ -178,6 +178,30 @@ class Gateway:
         self.metrics = Metrics()
         self.busy = 0
 
+    def admit(self, protocol: str) -> bool:
+        """Count one more inference request in flight; False past the bound (the caller
+        answers it at once). Each admitted request is released once."""
+        if self.busy >= self.limits.max_concurrency:
+            return False
+        self.busy += 1
+        self.metrics.in_flight.labels(protocol).inc()
+        return True
+
+    def release(self, protocol: str) -> None:
+        self.busy -= 1
+        self.metrics.in_flight.labels(protocol).dec()
+
+    async def not_ready(self) -> str | None:
+        """Why the gateway is not ready (Redis does not answer, or the result reader
+        stopped), or None while it is."""
+        if not self.client.reading:
+            return "the result reader is not running"
+        try:
+            await asyncio.wait_for(self.client.redis.ping(), 2.0)
+        except Exception as e:  # noqa: BLE001 - not ready, whatever the reason
+            return f"Redis does not answer: {type(e).__name__}"
+        return None
+
     def check_auth(self, call: Call) -> None:
         if not self.token:
             return
@@ -265,10 +289,8 @@ class Endpoint:
                 gateway.check_auth(call)
             if self.bounded:
                 call.body = await gateway.read_body(call)
-                if gateway.busy >= gateway.limits.max_concurrency:
+                if not gateway.admit("http"):
                     raise HTTPError(503, "too many requests in flight", retry_after_s=1)
-                gateway.busy += 1
-                metrics.in_flight.labels("http").inc()
                 held = True
             response = await self.handler(gateway, call)
         except ClientDisconnect:
@@ -277,8 +299,7 @@ class Endpoint:
             response = http_error(e).response()
         finally:
             if held:
-                gateway.busy -= 1
-                metrics.in_flight.labels("http").dec()
+                gateway.release("http")
         status = 499 if response is None else response.status_code
         if response is not None:
             await response(scope, receive, send)

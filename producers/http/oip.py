@@ -74,12 +74,9 @@ async def live(gateway: Gateway, call: Call) -> Response:
 @endpoint("/v2/health/ready", guarded=False)
 async def ready(gateway: Gateway, call: Call) -> Response:
     """Ready while Redis answers and the result reader runs."""
-    if not gateway.client.reading:
-        raise HTTPError(503, "the result reader is not running")
-    try:
-        await asyncio.wait_for(gateway.client.redis.ping(), 2.0)
-    except Exception as e:  # noqa: BLE001 - not ready, whatever the reason
-        raise HTTPError(503, f"Redis does not answer: {type(e).__name__}") from None
+    reason = await gateway.not_ready()
+    if reason:
+        raise HTTPError(503, reason)
     return Response(status_code=200)
 
 
