@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from tandem.broker import fastjson, payload
+from tandem.broker import fastjson, payload, tracing
 from tandem.broker.errors import BadArgument, BadInput, DeadlineExceeded, TandemError
 from tandem.broker.ids import new_uuid
 
@@ -61,6 +61,8 @@ class Task:
     #: Celery canvas fields (callbacks, errbacks, chain, chord, group, group_index,
     #: root_id, parent_id), or None for a task with no next step and no group.
     canvas: dict | None = None
+    #: The W3C trace context its headers carry (traceparent, tracestate), or None.
+    trace: dict[str, str] | None = None
     error: TandemError | None = field(default=None)
 
     def check_deadline(self, now: datetime) -> None:
@@ -84,10 +86,12 @@ def encode(
     priority: int = 0,
     expires: datetime | None = None,
     binary: bool = False,
+    trace: dict[str, str] | None = None,
 ) -> tuple[str, str]:
     """Build the kombu envelope for a tandem.infer task. Returns (task id, envelope JSON).
 
     binary: pack the body with the tensor payload codec instead of JSON.
+    trace: the W3C trace context headers (traceparent, tracestate) to carry.
     """
     task_id = task_id or new_uuid()
     triple = [[], {"model": model, "inputs": inputs}, _EMBED]
@@ -133,6 +137,8 @@ def encode(
         },
         "properties": properties,
     }
+    if trace:
+        envelope["headers"].update(trace)
     try:
         return task_id, orjson.dumps(envelope).decode()
     except orjson.JSONEncodeError:  # a lone surrogate in an id or name: JSON escapes it
@@ -166,13 +172,14 @@ def encode_checked(
     expires: datetime | None,
     binary: bool,
     limit: int,
+    trace: dict[str, str] | None = None,
 ) -> str:
     """encode(), for a producer: inputs that cannot be sent, or a message over `limit`
     bytes, raise BadInput saying which."""
     try:
         _, envelope = encode(
             model, inputs, queue=queue, task_id=task_id, priority=priority,
-            expires=expires, binary=binary,
+            expires=expires, binary=binary, trace=trace,
         )  # fmt: skip
     except ValueError as e:  # JSON's own refusal: NaN or infinity
         kind = "the tensor payload" if binary else "JSON (NaN and infinity are not JSON)"
@@ -328,6 +335,8 @@ def _fill(task: Task, triple: Any, headers: dict) -> None:
     check_depth(task.inputs)
     task.expires = _parse_expires(headers.get("expires"))
     task.sent_at = _sent_at(headers.get("tandem_sent_at"))
+    if "traceparent" in headers:
+        task.trace = tracing.carried(headers)
 
 
 def _canvas(embed: Any, headers: dict) -> dict | None:

@@ -30,7 +30,7 @@ from typing import Any
 import redis
 from celery import states
 
-from tandem.broker import keys, message, reads, revocations
+from tandem.broker import keys, message, reads, revocations, tracing
 from tandem.broker.connect import connect_async
 from tandem.broker.errors import (
     BadArgument,
@@ -77,6 +77,8 @@ class AsyncClient:
         #: Each future's task id, for as long as its caller holds the future: a cancelled
         #: wait cancels its future, which leaves _waiting at once, before revoke_soon.
         self._ids: weakref.WeakKeyDictionary[asyncio.Future, str] = weakref.WeakKeyDictionary()
+        #: OpenTelemetry's tracer, when this process traces (a send span per submit_many).
+        self.tracer = tracing.tracer("tandem-gateway")
 
     async def __aenter__(self) -> AsyncClient:
         await self.start()
@@ -149,27 +151,41 @@ class AsyncClient:
             raise BadArgument(f"priority must be 0-9, got {priority}")
         expires = message.expires_in(deadline_s)
         queue = keys.l1(model)
+        send = None
+        if self.tracer is not None:
+            from tandem.producers.tracing import Send
+
+            send = Send(self.tracer, model, queue, len(inputs))
         ids, envelopes = [], []
         limit = self.settings.max_message_bytes
-        for value in inputs:
-            task_id = self._new_id()
-            envelope = message.encode_checked(
-                model, value, queue=queue, task_id=task_id, priority=priority,
-                expires=expires, binary=binary, limit=limit,
-            )  # fmt: skip
-            ids.append(task_id)
-            envelopes.append(envelope)
+        try:
+            for value in inputs:
+                task_id = self._new_id()
+                envelope = message.encode_checked(
+                    model, value, queue=queue, task_id=task_id, priority=priority,
+                    expires=expires, binary=binary, limit=limit, trace=send and send.headers,
+                )  # fmt: skip
+                ids.append(task_id)
+                envelopes.append(envelope)
+        except BaseException as e:
+            if send is not None:
+                send.failed(e)
+            raise
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in ids]
         self._waiting.update(zip(ids, futures, strict=True))
         try:
             replies = await self._route_joined((model, priority, deadline_s), envelopes)
-        except BaseException:
+        except BaseException as e:
             self._forget(ids)
+            if send is not None:
+                send.failed(e)
             raise
         out: list[asyncio.Future | Exception] = []
+        routes = []
         for task_id, future, reply in zip(ids, futures, replies, strict=True):
             routed = routed_reply(model, reply)
+            routes.append(routed)
             if isinstance(routed, Exception):
                 self._forget([task_id])
                 out.append(routed)
@@ -177,6 +193,8 @@ class AsyncClient:
                 future.add_done_callback(functools.partial(_drop, self._waiting, task_id))
                 self._ids[future] = task_id
                 out.append(future)
+        if send is not None:
+            send.routed(ids, routes)
         return out
 
     async def _route_joined(self, key: tuple, envelopes: list[str]) -> list:

@@ -9,12 +9,8 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from celery.app import app_or_default
-from celery.exceptions import TimeoutError as CeleryTimeoutError
-from celery.result import AsyncResult, assert_will_not_block
-from vine import promise
 
-from tandem.broker import keys, message
+from tandem.broker import keys, message, tracing
 from tandem.broker.app import make_app
 from tandem.broker.connect import connect
 from tandem.broker.discovery import joined_settings
@@ -24,131 +20,11 @@ from tandem.broker.retry import unavailable_as_tandem
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.listener import ResultListener
+from tandem.producers.result import TandemResult
 
 #: How long a Client keeps what NAME:latest resolved to, in seconds: a newer version that
 #: comes up is used within this long.
 LATEST_TTL_S = 1.0
-
-
-class TandemResult(AsyncResult):
-    """A Celery AsyncResult that also says where the task was routed. Its get() waits on
-    its Client's result listener, which has the result pushed as it is stored; every
-    other method is Celery's.
-
-    get() caches the result without firing the on_ready promise until something waits on
-    it (then(), as a ResultSet does): a fired promise holds its result in a reference
-    cycle, which only the garbage collector frees, and one collection every few dozen
-    tasks put its pause on the tasks' own path. So a result nobody holds is freed at once.
-    The promise itself is made on first use: a weak promise costs more to make, on the
-    submit's path, than the rest of the result.
-    """
-
-    app: Any = None  # Celery's class attribute, untyped there
-    #: then() was called: the on_ready promise has a callback to fire.
-    _awaited = False
-
-    def __init__(
-        self,
-        task_id: str,
-        *,
-        executor: str | None = None,
-        listener: ResultListener | None = None,
-        app: Any = None,
-        backend: Any = None,
-        parent: AsyncResult | None = None,
-    ) -> None:
-        # AsyncResult.__init__, but for its on_ready promise (the property below).
-        if task_id is None:
-            raise ValueError(f"AsyncResult requires valid id, not {type(task_id)}")
-        self.app = app or app_or_default(self.app)
-        self.id = task_id
-        self.backend = backend or self.app.backend
-        self.parent = parent
-        self._cache = None
-        self._ignored = False
-        #: The executor whose L2 took the task, or None when it waits in L1.
-        self.executor = executor
-        self._listener = listener
-
-    @property
-    def on_ready(self) -> promise:
-        """AsyncResult's on_ready promise, made on first use."""
-        ready = self.__dict__.get("_on_ready")
-        if ready is None:
-            ready = self._on_ready = promise(self._on_fulfilled, weak=True)
-        return ready
-
-    @on_ready.setter
-    def on_ready(self, value: promise) -> None:
-        self._on_ready = value
-
-    def __del__(self) -> None:
-        """Its Client stops keeping its task's result (a finalizer that costs nothing
-        until it runs)."""
-        listener = self.__dict__.get("_listener")
-        if listener is not None:
-            listener.release(self.id)
-
-    def get(
-        self,
-        timeout: float | None = None,
-        propagate: bool = True,
-        interval: float = 0.5,
-        no_ack: bool = True,
-        follow_parents: bool = True,
-        callback=None,
-        on_message=None,
-        on_interval=None,
-        disable_sync_subtasks: bool = True,
-        **kwargs: Any,
-    ) -> Any:
-        """As AsyncResult.get: the result, the task's error raised, or Celery's
-        TimeoutError after timeout seconds."""
-        listener = self._listener
-        if listener is None or on_message is not None or on_interval is not None or self.parent:
-            return super().get(
-                timeout, propagate, interval, no_ack, follow_parents, callback, on_message,
-                on_interval, disable_sync_subtasks, **kwargs,
-            )  # fmt: skip
-        if disable_sync_subtasks:
-            assert_will_not_block()
-        if self._cache is None:
-            meta = listener.wait(self.id, timeout)
-            if meta is None:
-                if listener.closed or not listener.expects(self.id):
-                    # Its Client was closed, or it was forgotten: ask Redis as Celery does.
-                    return super().get(timeout, propagate, interval, no_ack, follow_parents)
-                raise CeleryTimeoutError("The operation timed out.")
-            self._settle(meta)
-        return self.maybe_throw(propagate=propagate, callback=callback)
-
-    def then(self, callback, on_error=None, weak: bool = False):
-        """As AsyncResult.then: the callback is called with this result once it is ready."""
-        self._awaited = True
-        promised = super().then(callback, on_error, weak)
-        if self._cache is not None and not self.on_ready.ready:
-            self.on_ready(self)  # get() had it already: call back at once
-        return promised
-
-    def _settle(self, meta: dict) -> None:
-        """Cache a final result, as Celery's _maybe_set_cache does; its on_ready promise
-        fires only if then() was called (see the class)."""
-        self._set_cache(self.backend.meta_from_decoded(meta))
-        if self._awaited and not self.on_ready.ready:
-            self.on_ready(self)
-
-    def forget(self) -> None:
-        if self._listener is not None:
-            self._listener.release(self.id)
-        super().forget()
-
-    @property
-    def route(self) -> str:
-        """'L2' or 'L1'."""
-        return "L2" if self.executor else "L1"
-
-    def __repr__(self) -> str:
-        return f"<TandemResult {self.id} route={self.route} executor={self.executor}>"
 
 
 class Client:
@@ -179,6 +55,13 @@ class Client:
         self._dispatcher: Any = None  # task-sent events, made on first use
         self._events_lock = threading.Lock()
         self._local = threading.local()  # this thread's result backend (_result)
+        #: OpenTelemetry's tracer and tandem's send span, when this process traces.
+        self._tracer = tracing.tracer("tandem-producer")
+        self._send: Any = None
+        if self._tracer is not None:
+            from tandem.producers.tracing import Send
+
+            self._send = Send
 
     def __repr__(self) -> str:
         return f"<Client submitted={self.submitted} to_l2={self.to_l2}>"
@@ -210,8 +93,16 @@ class Client:
             model = self.resolve(model)
         task_id_given = task_id is not None
         expires = None if deadline_s is None else message.expires_in(deadline_s)
-        task_id, envelope = self._encode(model, inputs, priority, expires, task_id, binary)
-        self._expect([task_id], own=not task_id_given)
+        send = None if self._send is None else self._sending(model, 1)
+        try:
+            task_id, envelope = self._encode(
+                model, inputs, priority, expires, task_id, binary, send and send.headers
+            )
+            self._expect([task_id], own=not task_id_given)
+        except Exception as e:
+            if send is not None:
+                send.failed(e)
+            raise
         try:
             executor = self.table.route(
                 model,
@@ -222,7 +113,11 @@ class Client:
         except Exception as e:
             self.listener.release(task_id)  # never enqueued: no result will come
             self._explain(e)
+            if send is not None:
+                send.routed([task_id], [e])
             raise
+        if send is not None:
+            send.routed([task_id], [executor])
         result = self._result(task_id, executor, own=not task_id_given)
         if self.settings.send_sent_event:
             self._sent(model, [result], expires)
@@ -246,8 +141,18 @@ class Client:
         """
         model = self.resolve(model)
         expires = message.expires_in(deadline_s)
-        encoded = [self._encode(model, x, priority, expires, None, binary) for x in inputs]
-        self._expect([task_id for task_id, _ in encoded])
+        inputs = list(inputs)
+        send = None if self._send is None else self._sending(model, len(inputs))
+        try:
+            trace = send and send.headers
+            encoded = [
+                self._encode(model, x, priority, expires, None, binary, trace) for x in inputs
+            ]
+            self._expect([task_id for task_id, _ in encoded])
+        except Exception as e:
+            if send is not None:
+                send.failed(e)
+            raise
         envelopes = [envelope for _, envelope in encoded]
         try:
             replies = self.table.route_many(
@@ -256,10 +161,16 @@ class Client:
         except (BrokerUnavailable, UnknownModel) as e:
             e.accepted = self._accepted(model, encoded, e.routed, expires)[0]
             self._explain(e)
+            if send is not None:
+                send.routed([t for t, _ in encoded], [*e.routed, e])
             raise
-        except Exception:
+        except Exception as e:
             self._accepted(model, encoded, [], expires)  # releases them all
+            if send is not None:
+                send.failed(e)
             raise
+        if send is not None:
+            send.routed([t for t, _ in encoded], replies)
         results, errors = self._accepted(model, encoded, replies, expires)
         if errors:
             errors[0].accepted = results
@@ -383,6 +294,7 @@ class Client:
         expires: datetime | None,
         task_id: str | None,
         binary: bool | None,
+        trace: dict[str, str] | None = None,
     ) -> tuple[str, str]:
         if not 0 <= priority <= 9:
             raise BadArgument(f"priority must be 0-9, got {priority}")
@@ -398,8 +310,13 @@ class Client:
             expires=expires,
             binary=binary,
             limit=self.settings.max_message_bytes,
+            trace=trace,
         )
         return task_id, envelope
+
+    def _sending(self, model: str, count: int) -> Any:
+        """The send span of a submit call (producers/tracing.py)."""
+        return self._send(self._tracer, model, self._concrete.get(model) or keys.l1(model), count)
 
     def _expect(self, task_ids: list[str], *, own: bool = False) -> None:
         """Have the listener keep these tasks' results, before they are routed (so none

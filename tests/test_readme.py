@@ -111,7 +111,7 @@ def test_the_readme_opens_with_the_two_commands_ci_runs():
     lines = [ln for ln in first.splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines == [
         "pip install torch==2.13.0 '.[worker]' && tandem demo",
-        "pip install torch==2.13.0 -e '.[test,worker,flower,embed,bench,http]' && pytest",
+        "pip install torch==2.13.0 -e '.[test,worker,flower,embed,bench,http,otel]' && pytest",
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "readme_command 1" in ci and "readme_command 2" in ci

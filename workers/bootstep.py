@@ -11,6 +11,7 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from tandem.broker import tracing
 from tandem.broker.connect import connect
 from tandem.broker.faults import Faults
 from tandem.broker.settings import Settings
@@ -18,7 +19,7 @@ from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
-from tandem.workers.hooks import CeleryEvents, Logs, Metrics
+from tandem.workers.hooks import CeleryEvents, Hook, Logs, Metrics
 from tandem.workers.models import Model, load_model
 from tandem.workers.models.loading import pick_device
 
@@ -60,7 +61,12 @@ class Executors(bootsteps.StartStopStep):
             max_connections=CONNECTIONS_PER_EXECUTOR * len(served) + 16,
         )
         table = Table(client, settings, faults=Faults.from_env())
-        hooks = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
+        hooks: list[Hook] = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
+        tracer = tracing.tracer("tandem-worker")
+        if tracer is not None:
+            from tandem.workers.tracing import Traces
+
+            hooks.append(Traces(tracer, worker.hostname))
         canvas = Canvas(worker.app, worker.hostname)
         for ref, model in served:
             executor = Executor(
@@ -174,6 +180,7 @@ def run_worker(settings: Settings) -> None:
     # Stopped while it loads its models (a scale-in that changed its mind): it holds no
     # task yet, so it exits at once, and cleanly. Celery installs its own handlers after.
     signal.signal(signal.SIGTERM, _stopped_loading)
+    tracing.tracer("tandem-worker")  # set up first: a misconfigured exporter stops it here
     models = load_models(settings)
     app = make_app(settings)
     app.tandem_models = models

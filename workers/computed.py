@@ -19,7 +19,8 @@ class Computed:
     claimed_at: float = 0.0
     started_at: float = 0.0
     compute_ms: float = 0.0
-    stored_at: float = 0.0
+    stored_at: float = 0.0  # when its results were sent to Redis
+    store_ended_at: float = 0.0  # when Redis had them
     #: The forward pass's time on the GPU (CUDA events), when the model measures it.
     device_ms: float | None = None
     #: Its results are stored already (Returner.store_now, at low load): what is left is

@@ -24,6 +24,7 @@ class HasId(Protocol):
     """What a hook reads of the executor it hangs off (workers/executor.py's Executor)."""
 
     id: str
+    model_ref: str  # NAME:VERSION
 
 
 log = logging.getLogger("tandem.executor")

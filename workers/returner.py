@@ -182,6 +182,7 @@ class Returner:
             each_try=owner.tick,
             raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
         )  # fmt: skip
+        done.store_ended_at = time.time()
         if speed is not None:
             self._published, self._published_at = speed, time.monotonic()
         if done.outputs:

@@ -49,6 +49,14 @@ CODES = {
     503: Code.UNAVAILABLE,
     504: Code.DEADLINE_EXCEEDED,
 }
+#: The service's full name, as its methods' paths and spans name it.
+SERVICE = "inference.GRPCInferenceService"
+#: The codes that mark a server span an error, as OpenTelemetry's conventions for gRPC
+#: servers list them: the server's faults and its refusals (UNAVAILABLE, as Overloaded).
+SERVER_FAULTS = {
+    Code.UNKNOWN, Code.DEADLINE_EXCEEDED, Code.UNIMPLEMENTED, Code.INTERNAL,
+    Code.UNAVAILABLE, Code.DATA_LOSS,
+}  # fmt: skip
 #: The trailer gRPC's retry policy reads as the server's pushback (gRFC A6).
 PUSHBACK = "grpc-retry-pushback-ms"
 
@@ -110,6 +118,37 @@ class Service(pb2_grpc.GRPCInferenceServiceServicer):
             await context.abort(e.code, e.text)
 
     async def _run(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[], Awaitable[Any]],
+        *,
+        guarded: bool = True,
+        bounded: bool = False,
+    ) -> Any:
+        """Run one call's work (see `_answer`), an inference call in a server span when
+        this process traces."""
+        tracer = self.gateway.tracer
+        if tracer is None or not bounded:
+            return await self._answer(method, context, work, guarded=guarded, bounded=bounded)
+        from tandem.producers.tracing import answered, serving
+
+        carrier = dict(context.invocation_metadata() or ())
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method}
+        with serving(tracer, f"{SERVICE}/{method}", carrier, attributes) as span:
+            try:
+                result = await self._answer(method, context, work, guarded=guarded, bounded=True)
+            except Failed as e:
+                kind = e.code.name if e.code in SERVER_FAULTS else None
+                answered(span, {"rpc.grpc.status_code": e.code.value[0]}, kind, e.text)
+                raise
+            except asyncio.CancelledError:
+                answered(span, {"rpc.grpc.status_code": Code.CANCELLED.value[0]})
+                raise
+            answered(span, {"rpc.grpc.status_code": Code.OK.value[0]})
+            return result
+
+    async def _answer(
         self,
         method: str,
         context: grpc.aio.ServicerContext,

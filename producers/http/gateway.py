@@ -177,6 +177,8 @@ class Gateway:
         self.token = token
         self.metrics = Metrics()
         self.busy = 0
+        #: OpenTelemetry's tracer when this process traces: a server span per inference call.
+        self.tracer = client.tracer
 
     def admit(self, protocol: str) -> bool:
         """Count one more inference request in flight; False past the bound (the caller
@@ -244,9 +246,10 @@ class Call:
     path's parameters, the headers (lower-case names; the last of a repeated one), and
     the body once the endpoint's wrapper has read it."""
 
-    __slots__ = ("method", "path", "path_params", "headers", "receive", "body")
+    __slots__ = ("scope", "method", "path", "path_params", "headers", "receive", "body")
 
     def __init__(self, scope: dict, receive) -> None:
+        self.scope = scope
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.path_params: dict = scope.get("path_params", {})
@@ -276,10 +279,31 @@ class Endpoint:
 
     async def __call__(self, scope, receive, send) -> None:
         gateway: Gateway = scope["state"]["gateway"]
+        if gateway.tracer is None or not self.bounded:
+            await self.answer(gateway, Call(scope, receive), send)
+            return
+        from tandem.producers.tracing import answered, serving
+
+        call = Call(scope, receive)
+        attributes = {
+            "http.request.method": call.method,
+            "http.route": self.route,
+            "url.path": call.path,
+        }
+        name = f"{call.method} {self.route}"
+        with serving(gateway.tracer, name, call.headers, attributes) as span:
+            status, error = await self.answer(gateway, call, send)
+            failed = error is not None and status >= 500
+            kind = type(error).__name__ if failed else None
+            answered(span, {"http.response.status_code": status}, kind, str(error))
+
+    async def answer(self, gateway: Gateway, call: Call, send) -> tuple[int, Exception | None]:
+        """Answer the call; its status (499: the caller left), and the error if one."""
         metrics = gateway.metrics
         started = time.perf_counter()
-        call = Call(scope, receive)
+        scope, receive = call.scope, call.receive
         held = False
+        error: Exception | None = None
         try:
             if call.method not in self.allowed:
                 raise HTTPError(
@@ -296,6 +320,7 @@ class Endpoint:
         except ClientDisconnect:
             response = None  # nobody reads an answer
         except Exception as e:  # noqa: BLE001 - every error is answered, none ends the server
+            error = e
             response = http_error(e).response()
         finally:
             if held:
@@ -304,6 +329,7 @@ class Endpoint:
         if response is not None:
             await response(scope, receive, send)
         metrics.observe("http", self.route, str(status), time.perf_counter() - started)
+        return status, error
 
 
 def endpoint(route: str, *, method: str = "GET", guarded: bool = True, bounded: bool = False):
