@@ -81,10 +81,13 @@ class Processes:
         self.grpc: dict[str, str] = {}  # gateway name -> its gRPC address
         self.url = ""  # the gateway's, where a test stack has one
 
-    def worker(self, name: str = "w1", idle: bool = True, **overrides) -> subprocess.Popen:
-        """Start a worker; wait until its executors are registered (and IDLE if `idle`)."""
+    def worker(
+        self, name: str = "w1", idle: bool = True, env: dict | None = None, **overrides
+    ) -> subprocess.Popen:
+        """Start a worker; wait until its executors are registered (and IDLE if `idle`).
+        env: more variables for it."""
         settings = self.settings.replace(hostname=f"{name}@test", **overrides)
-        process = spawn(["worker"], settings, self.logs / f"{name}.log")
+        process = spawn(["worker"], settings, self.logs / f"{name}.log", env=env)
         self.started.append(process)
         table = Table(self.client)
 
@@ -106,7 +109,7 @@ class Processes:
         self.started.append(process)
         return process
 
-    def gateway(self, name: str = "http", *flags: str) -> str:
+    def gateway(self, name: str = "http", *flags: str, env: dict | None = None) -> str:
         """Start `tandem http` on free ports (HTTP, and gRPC unless a flag sets its port);
         wait until it is ready. Returns its URL; `grpc[name]` is its gRPC address."""
         import httpx
@@ -117,7 +120,7 @@ class Processes:
         grpc_port = next(int(f.split("=")[1]) for f in flags if f.startswith("--grpc-port"))
         self.grpc[name] = f"127.0.0.1:{grpc_port}"
         log = self.logs / f"{name}.log"
-        process = spawn(["http", f"--port={port}", *flags], self.settings, log)
+        process = spawn(["http", f"--port={port}", *flags], self.settings, log, env=env)
         self.started.append(process)
         url = f"http://127.0.0.1:{port}"
 

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 from starlette.routing import Route, Router
 
+from tandem.broker import tracing
 from tandem.broker.settings import Settings
 from tandem.producers.aio import AsyncClient
 from tandem.producers.http import oip
@@ -105,6 +106,7 @@ def serve(
     import uvicorn
 
     limits = limits or Limits()
+    tracing.tracer("tandem-gateway")  # set up first: a misconfigured exporter stops it here
     uvicorn.run(
         make_app(settings, limits, token, (host, grpc_port) if grpc_port else None),
         host=host,

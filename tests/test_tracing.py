@@ -1,0 +1,331 @@
+"""Traces: real producer, worker and gateway processes export their spans with
+OpenTelemetry's own OTLP exporter to a receiver in the test (tests/otlp.py), as they would
+to a collector or Jaeger; the real clients carry the caller's trace context."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("opentelemetry.sdk")
+from otlp import Receiver, Span  # noqa: E402
+
+from conftest import Processes  # noqa: E402
+from helpers import fast_settings, hide_modules, plain_celery, tandem  # noqa: E402
+from tandem.broker import keys, tracing  # noqa: E402
+from tandem.broker.errors import BadArgument  # noqa: E402
+from tandem.server import RedisServer  # noqa: E402
+
+#: OTLP's SpanKind values.
+SERVER, PRODUCER, CONSUMER = 2, 4, 5
+ERROR = 2  # OTLP's status code
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A Redis, an OTLP receiver, a traced worker (sim:1 at zero cost) and a traced gateway."""
+    folder = tmp_path_factory.mktemp("tracing")
+    server = RedisServer(folder / "redis").start()
+    receiver = Receiver()
+    client = redis.Redis.from_url(server.url)
+    procs = Processes(fast_settings(server.url), client, folder / "logs")
+    try:
+        procs.worker(
+            "traced", models=("sim:1",), sim_base_ms=0, sim_per_item_ms=0, env=receiver.env()
+        )
+        procs.url = procs.gateway("gateway", env=receiver.env())
+        procs.receiver = receiver
+        yield procs
+    finally:
+        procs.stop_all()
+        receiver.close()
+        client.close()
+        server.stop()
+
+
+def produce(stack: Processes, script: str, env: dict[str, str] | None = None) -> dict:
+    """Run a producer process (`client` is a tandem Client on the stack's Redis); what it
+    prints last, as JSON."""
+    code = "import json\nfrom tandem.producers.client import Client\n"
+    code += "client = Client()\n" + textwrap.dedent(script)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TANDEM_"))}
+    environ.update(env or {}, TANDEM_REDIS_URL=stack.settings.redis_url)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1]) | {"stderr": done.stderr}
+
+
+def child_of(span: Span, parent: Span) -> bool:
+    return span.trace_id == parent.trace_id and span.parent_id == parent.span_id
+
+
+def test_a_task_yields_one_trace_from_its_producer_to_its_stored_result(stack):
+    receiver = stack.receiver
+    out = produce(
+        stack,
+        """
+        result = client.submit("sim:1", [1, 2])
+        print(json.dumps({"id": result.id, "value": result.get(timeout=30)}))
+        """,
+        receiver.env(),
+    )
+    assert out["value"] == [1, 2]
+    send = receiver.one("send ", **{"messaging.message.id": out["id"]})
+    process = receiver.one("process ", **{"messaging.message.id": out["id"]})
+    assert (send.service, send.kind) == ("tandem-producer", PRODUCER)
+    assert send.attributes["tandem.route"] in ("L1", "L2")
+    assert send.attributes["tandem.executor"].startswith("traced@test/sim:1/")
+    assert send.attributes["messaging.destination.name"] == keys.l1("sim:1")
+    # The worker's span is the child of the producer's: the context came in the message.
+    assert (process.service, process.kind) == ("tandem-worker", CONSUMER)
+    assert child_of(process, send)
+    assert process.attributes["tandem.outcome"] == "success"
+    (wait,) = [s for s in receiver.trace(send.trace_id) if s.name == "queue wait"]
+    assert child_of(wait, process)
+    # The batch: a trace of its own, linked both ways with the task's span.
+    (link,) = process.links
+    batch = receiver.by_id(link[1])
+    assert batch.name == "batch sim:1" and (process.trace_id, process.span_id) in batch.links
+    assert batch.attributes["tandem.batch.size"] == len(batch.links)
+    steps = {s.name: s for s in receiver.trace(batch.trace_id) if child_of(s, batch)}
+    assert set(steps) == {"prepare", "compute", "store"}
+    assert "tandem.compute_ms" in steps["compute"].attributes
+    # In order: sent, waited, claimed and prepared, computed, stored; the task ends there.
+    order = [
+        send.start, wait.start, wait.end, steps["prepare"].start, steps["prepare"].end,
+        steps["compute"].start, steps["store"].start, steps["store"].end,
+    ]  # fmt: skip
+    assert order == sorted(order), order
+    assert steps["compute"].end <= steps["store"].start + 1_000_000  # float rounding: 1 ms
+    assert process.start == wait.start and process.end == steps["store"].end == batch.end
+
+
+def test_a_batch_span_links_each_of_its_tasks(stack):
+    receiver = stack.receiver
+    out = produce(
+        stack,
+        """
+        results = client.submit_many("sim:1", [[n] for n in range(6)])
+        values = [r.get(timeout=30) for r in results]
+        print(json.dumps({"ids": [r.id for r in results], "values": values}))
+        """,
+        receiver.env(),
+    )
+    assert out["values"] == [[n] for n in range(6)]
+    send = receiver.one("send ", **{"messaging.batch.message_count": 6})
+    assert send.attributes["tandem.routed.l1"] + send.attributes["tandem.routed.l2"] == 6
+    for task_id in out["ids"]:
+        process = receiver.one("process ", **{"messaging.message.id": task_id})
+        assert child_of(process, send)
+        batch = receiver.by_id(process.links[0][1])
+        assert (process.trace_id, process.span_id) in batch.links
+
+
+def test_a_shed_task_s_trace_says_it_was_shed(stack):
+    """A task whose deadline passed before its claim is shed, never computed; its span,
+    in the trace its plain Celery publisher's traceparent named, says so and why."""
+    app = plain_celery(stack.settings)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    past = datetime.now(timezone.utc) - timedelta(seconds=5)
+    result = app.send_task(
+        "tandem.infer",
+        kwargs={"model": "sim:1", "inputs": [1]},
+        queue=keys.l1("sim:1"),
+        expires=past,
+        headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+    )
+    with pytest.raises(Exception, match="expired"):
+        result.get(timeout=30)
+    process = stack.receiver.one("process ", **{"messaging.message.id": result.id})
+    assert (process.trace_id, process.parent_id) == (trace_id, parent_id)
+    assert process.attributes["tandem.outcome"] == "shed"
+    assert process.attributes["error.type"] == "DeadlineExceeded"
+    assert process.status[0] == ERROR and "expired" in process.status[1]
+    assert [name for name, _ in process.events] == ["shed"]
+    batch = stack.receiver.by_id(process.links[0][1])
+    assert batch.attributes["tandem.batch.shed"] >= 1
+
+
+def test_a_refused_task_s_trace_says_why(stack):
+    """A model no worker serves: refused at once, and the send span is the error that
+    says so."""
+    out = produce(
+        stack,
+        """
+        try:
+            client.submit("sim:9", [1], deadline_s=5)
+        except Exception as e:
+            print(json.dumps({"error": type(e).__name__}))
+        """,
+        stack.receiver.env(),
+    )
+    send = stack.receiver.one("send ", **{"tandem.model": "sim:9"})
+    assert send.status[0] == ERROR
+    assert send.attributes["error.type"] == out["error"]
+    assert out["error"] in send.status[1]
+
+
+def test_a_plain_celery_publisher_with_opentelemetry_joins_the_trace(stack):
+    """opentelemetry-instrumentation-celery writes the publisher's context into the
+    message's headers; the worker's spans join that trace."""
+    pytest.importorskip("opentelemetry.instrumentation.celery")
+    code = f"""
+        import json
+        from celery import Celery
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+            endpoint="{stack.receiver.url}/v1/traces")))
+        trace.set_tracer_provider(provider)
+        CeleryInstrumentor().instrument()
+        url = "{stack.settings.redis_url}"
+        app = Celery("plain", broker=url, backend=url)
+        with trace.get_tracer("caller").start_as_current_span("caller") as span:
+            kwargs = {{"model": "sim:1", "inputs": [7]}}
+            result = app.send_task("tandem.infer", kwargs=kwargs, queue="{keys.l1("sim:1")}")
+            trace_id = format(span.get_span_context().trace_id, "032x")
+        print(json.dumps({{"id": result.id, "trace": trace_id, "value": result.get(timeout=30)}}))
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["value"] == [7]
+    process = stack.receiver.one("process ", **{"messaging.message.id": out["id"]})
+    publish = stack.receiver.by_id(process.parent_id)
+    assert publish.trace_id == process.trace_id == out["trace"]
+    assert publish.kind == PRODUCER and publish.name == "apply_async/tandem.infer"
+
+
+def test_http_and_grpc_requests_with_a_traceparent_join_its_trace(stack):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    rows = np.arange(4, dtype=np.float32).reshape(2, 2)
+    for n, (client, module) in enumerate(
+        [
+            (httpclient.InferenceServerClient(stack.url.removeprefix("http://")), httpclient),
+            (grpcclient.InferenceServerClient(stack.grpc["gateway"]), grpcclient),
+        ]
+    ):
+        trace_id, parent_id = f"{n + 1:032x}", f"{n + 1:016x}"
+        x = module.InferInput("x", list(rows.shape), "FP32")
+        x.set_data_from_numpy(rows)
+        got = client.infer(
+            "sim", [x], model_version="1", headers={"traceparent": f"00-{trace_id}-{parent_id}-01"}
+        )
+        assert np.array_equal(got.as_numpy("y"), rows)
+        spans = wait_for_trace(stack.receiver, trace_id, count=1 + 1 + 2 * 2)
+        (server,) = [s for s in spans if s.kind == SERVER]
+        assert server.parent_id == parent_id and server.service == "tandem-gateway"
+        (send,) = [s for s in spans if s.kind == PRODUCER]
+        assert child_of(send, server) and send.attributes["messaging.batch.message_count"] == 2
+        processes = [s for s in spans if s.kind == CONSUMER]
+        assert len(processes) == 2 and all(child_of(p, send) for p in processes)
+        if module is httpclient:
+            assert server.name.startswith("POST /v2/models/{name}") and server.name.endswith(
+                "/infer"
+            )
+            assert server.attributes["http.response.status_code"] == 200
+        else:
+            assert server.name == "inference.GRPCInferenceService/ModelInfer"
+            assert server.attributes["rpc.grpc.status_code"] == 0
+
+
+def wait_for_trace(receiver: Receiver, trace_id: str, count: int) -> list[Span]:
+    from helpers import wait_until
+
+    return wait_until(
+        lambda: (spans := receiver.trace(trace_id)) and len(spans) >= count and spans,
+        30,
+        f"{count} spans of trace {trace_id}",
+    )
+
+
+_SENT = """
+import sys
+sent = []  # each message as submit routes it
+route = client.table.route
+client.table.route = lambda model, msg, **kw: sent.append(msg) or route(model, msg, **kw)
+value = client.submit("%s", [3]).get(timeout=30)
+tracing = ("tandem.producers.tracing", "opentelemetry.sdk.trace")
+ours = [m for m in sys.modules if m.startswith(tracing)]
+print(json.dumps({"value": value, "sent": sent, "ours": ours}))
+"""
+
+
+def test_without_the_extra_or_the_variables_nothing_is_recorded(stack, tmp_path):
+    """Without the extra (hidden, as if not installed) a worker and a producer serve as
+    ever; with it but without the variables, tandem imports none of its tracing either.
+    Neither sends a trace context. (redis-py imports OpenTelemetry's API by itself where
+    it is installed: its own metrics, off unless set up.)"""
+    hidden = hide_modules(tmp_path, "opentelemetry")
+    stack.worker("untraced", models=("sim:5",), sim_base_ms=0, sim_per_item_ms=0, env=hidden)
+    for env in (hidden, {}):
+        out = produce(stack, _SENT % "sim:5", env)
+        assert out["value"] == [3] and out["ours"] == []
+        (sent,) = out["sent"]
+        assert "traceparent" not in json.loads(sent)["headers"]
+    assert not stack.receiver.find("send ", **{"tandem.model": "sim:5"})
+
+
+def test_with_the_variables_but_no_sdk_it_says_so_and_serves(stack, tmp_path):
+    env = {**hide_modules(tmp_path, "opentelemetry"), **stack.receiver.env()}
+    stack.worker("no-sdk", models=("sim:7",), sim_base_ms=0, sim_per_item_ms=0, env=env)
+    out = produce(
+        stack,
+        'print(json.dumps({"value": client.submit("sim:7", [5]).get(timeout=30)}))',
+        env,
+    )
+    assert out["value"] == [5]
+    for said in (out["stderr"], stack.log("no-sdk")):
+        assert "OpenTelemetry's SDK is not installed" in said and "tandem-serve[otel]" in said
+    assert not stack.receiver.find("send ", **{"tandem.model": "sim:7"})
+
+
+def test_a_misconfigured_exporter_stops_a_worker_with_the_reason(stack):
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "nonesuch"}
+    done = tandem("worker", "--model", "sim:1", redis_url=stack.settings.redis_url, env=env)
+    assert done.returncode != 0
+    assert "OTEL_TRACES_EXPORTER names 'nonesuch'" in done.stderr and "[otel]" in done.stderr
+
+
+_TEXT = st.text(max_size=12)
+
+
+@given(st.dictionaries(st.sampled_from([*tracing.ASKING, "OTEL_SDK_DISABLED", "PATH"]), _TEXT))
+def test_whether_the_variables_ask_for_traces(env):
+    asked = tracing.asked(env)
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        assert not asked
+    elif "OTEL_TRACES_EXPORTER" in env:
+        assert asked == (env["OTEL_TRACES_EXPORTER"].strip().lower() not in ("", "none"))
+    else:
+        assert asked == any(env.get(name) for name in tracing.ASKING[1:])
+
+
+def test_an_exporter_that_is_not_installed_is_named():
+    with pytest.raises(BadArgument, match="'zipkin'"):
+        tracing.exporters({"OTEL_TRACES_EXPORTER": "console,zipkin"})
+    with pytest.raises(BadArgument, match="'thrift'"):
+        tracing.exporters({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
+    (console,) = tracing.exporters({"OTEL_TRACES_EXPORTER": " console "})
+    assert type(console).__name__ == "ConsoleSpanExporter"
