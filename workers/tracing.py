@@ -8,18 +8,32 @@ batch, a span `batch <model>` with children `prepare`, `compute` (with the devic
 and `store`, linked to each of its tasks' spans, each of which links back to it: a
 batch serves many traces, so it is a trace of its own, as OpenTelemetry's messaging
 conventions have batch processing.
+
+The spans are finished when they are made, so they are built as the SDK's ReadableSpan
+and handed to its span processor (the exporter's queue), with the SDK's own sampler, ids
+and resource: its live spans (a lock, attribute checks on every set, start and end
+hooks) cost several times more, per task, than the rest of the worker's work on it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import propagate, trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation import get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tandem.broker import tracing
 from tandem.broker.errors import DeadlineExceeded, Revoked
+from tandem.broker.message import Task
 from tandem.workers.computed import Computed
 from tandem.workers.hooks import STAGES, HasId, Hook
+
+_W3C = TraceContextTextMapPropagator()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
 
 
 def _ns(seconds: float) -> int:
@@ -35,96 +49,139 @@ def outcome(error: Exception | None) -> str:
     return "revoked" if isinstance(error, Revoked) else "failure"
 
 
+def usable(tracer: Any) -> bool:
+    """Whether the tracer is the SDK's, whose parts this hook builds spans with."""
+    return all(
+        hasattr(tracer, a) for a in ("sampler", "resource", "id_generator", "span_processor")
+    )
+
+
 class Traces(Hook):
     def __init__(self, tracer: Any, worker: str) -> None:
-        self.tracer = tracer
+        self.sampler = tracer.sampler
+        self.resource = tracer.resource
+        self.ids = tracer.id_generator
+        self.processor = tracer.span_processor
+        self.scope = InstrumentationScope(tracing.SCOPE)
         self.worker = worker
 
     def batch_done(self, executor: HasId, done: Computed) -> None:
-        ended = done.store_ended_at or done.stored_at
-        spans = [self._task(executor, done, n, ended) for n in range(len(done.tasks))]
-        recording = [s for s in spans if s is not None and s.is_recording()]
-        batch = self._batch(executor, done, ended, recording) if recording else None
-        for span in spans:
-            if span is None:
+        claimed, ended = _ns(done.claimed_at), _ns(done.store_ended_at or done.stored_at)
+        batch = self._new(self.ids.generate_trace_id())
+        linked = (Link(batch),)
+        spans: list[SpanContext] = []
+        for task in done.tasks:
+            sampled = self._sampled(task)
+            if sampled is None:
                 continue
-            if batch is not None and span.is_recording():
-                span.add_link(batch.get_span_context())
-            span.end(_ns(ended))
+            parent, trace_id = sampled
+            own = self._new(trace_id)
+            spans.append(own)
+            sent = min(_ns(task.sent_at) if task.sent_at else claimed, claimed)
+            queue = task.queue or task.model
+            attributes, status, events = self._outcome(task, done)
+            attributes["messaging.destination.name"] = queue
+            attributes["messaging.message.id"] = task.id
+            self._emit(
+                f"process {queue}", own, parent, sent, ended, attributes,
+                kind=SpanKind.CONSUMER, status=status, events=events, links=linked,
+            )  # fmt: skip
+            self._emit("queue wait", self._new(trace_id), own, sent, claimed)
+        if spans:
+            self._batch(executor, done, batch, spans, claimed, ended)
 
-    def _task(self, executor: HasId, done: Computed, n: int, ended: float) -> Any:
-        """A task's span, started and not ended; its queue wait ended under it."""
-        task = done.tasks[n]
+    def _sampled(self, task: Task) -> tuple[SpanContext | None, int] | None:
+        """The parent (its producer's send span, if its message says) and the trace id
+        of a task's span, if the sampler records it; None if not, or if it has no id."""
         if task.id is None:
             return None  # no task to speak of: it went to the dead letters
-        parent = propagate.extract(task.trace) if task.trace else None
-        sent = min(task.sent_at or done.claimed_at, done.claimed_at)
-        result = outcome(task.error)
-        span = self.tracer.start_span(
-            f"process {task.queue or task.model}",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            start_time=_ns(sent),
-            attributes={
-                "messaging.system": "tandem",
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
-                "messaging.destination.name": task.queue or "",
-                "messaging.message.id": task.id,
-                "messaging.consumer.group.name": executor.id,
-                "tandem.model": task.model,
-                "tandem.executor": executor.id,
-                "tandem.worker": self.worker,
-                "tandem.batch.size": len(done.tasks),
-                "tandem.outcome": result,
-            },
-        )
-        if not span.is_recording():
-            return span
-        self.tracer.start_span(
-            "queue wait", context=trace.set_span_in_context(span), start_time=_ns(sent)
-        ).end(_ns(done.claimed_at))
-        if task.error is not None:
-            kind = type(task.error).__name__
-            span.set_attribute("error.type", kind)
-            span.set_status(Status(StatusCode.ERROR, f"{kind}: {task.error}"))
-            if result == "shed":
-                span.add_event("shed", {"reason": str(task.error)}, timestamp=_ns(done.claimed_at))
-        elif task.deadline is not None:
-            span.set_attribute("tandem.deadline.met", ended <= task.deadline)
-        return span
+        context, parent = None, None
+        if task.trace:
+            context = _W3C.extract(task.trace)
+            parent = get_current_span(context).get_span_context()
+            if not parent.is_valid:
+                context, parent = None, None
+        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        result = self.sampler.should_sample(context, trace_id, "process", SpanKind.CONSUMER)
+        return (parent, trace_id) if result.decision.is_sampled() else None
 
-    def _batch(self, executor: HasId, done: Computed, ended: float, tasks: list) -> Any:
-        """The batch's span and its prepare, compute and store, linked to its tasks."""
-        computed = len(done.outputs)
-        shed = sum(isinstance(task.error, DeadlineExceeded) for task in done.tasks)
-        batch = self.tracer.start_span(
-            f"batch {executor.model_ref}",
-            start_time=_ns(done.claimed_at),
-            links=[Link(span.get_span_context()) for span in tasks],
-            attributes={
-                "tandem.model": executor.model_ref,
-                "tandem.executor": executor.id,
-                "tandem.worker": self.worker,
-                "tandem.batch.size": len(done.tasks),
-                "tandem.batch.computed": computed,
-                "tandem.batch.shed": shed,
-            },
+    @staticmethod
+    def _outcome(task: Task, done: Computed) -> tuple[dict[str, Any], Status, tuple]:
+        """A task span's attributes, status and events for its outcome."""
+        attributes: dict[str, Any] = {
+            "messaging.system": "tandem",
+            "messaging.operation.type": "process",
+            "tandem.outcome": outcome(task.error),
+        }
+        if task.error is None:
+            if task.deadline is not None:
+                attributes["tandem.deadline.met"] = done.store_ended_at <= task.deadline
+            return attributes, _UNSET, ()
+        kind = type(task.error).__name__
+        attributes["error.type"] = kind
+        events: tuple = ()
+        if isinstance(task.error, DeadlineExceeded):
+            reason = {"reason": str(task.error)}
+            events = (Event("shed", reason, _ns(done.claimed_at)),)
+        return attributes, Status(StatusCode.ERROR, f"{kind}: {task.error}"), events
+
+    def _batch(
+        self,
+        executor: HasId,
+        done: Computed,
+        batch: SpanContext,
+        tasks: list[SpanContext],
+        claimed: int,
+        ended: int,
+    ) -> None:
+        """The batch's span, linked to its tasks' spans, and its prepare, compute, store."""
+        attributes = {
+            "tandem.model": executor.model_ref,
+            "tandem.executor": executor.id,
+            "tandem.worker": self.worker,
+            "tandem.batch.size": len(done.tasks),
+            "tandem.batch.computed": len(done.outputs),
+            "tandem.batch.shed": sum(isinstance(t.error, DeadlineExceeded) for t in done.tasks),
+        }
+        links = tuple(Link(task) for task in tasks)
+        self._emit(
+            f"batch {executor.model_ref}", batch, None, claimed, ended, attributes, links=links
         )
-        under = trace.set_span_in_context(batch)
-        start = self.tracer.start_span
-        start("prepare", context=under, start_time=_ns(done.claimed_at)).end(_ns(done.started_at))
-        if done.compute_ms or computed:
-            times = {"tandem.compute_ms": done.compute_ms}
+        trace_id = batch.trace_id
+        started = _ns(done.started_at)
+        self._emit("prepare", self._new(trace_id), batch, claimed, started)
+        if done.outputs or done.compute_ms:
+            times: dict[str, Any] = {"tandem.compute_ms": done.compute_ms}
             if done.device_ms is not None:
                 times["tandem.device_ms"] = done.device_ms
             for stage in STAGES:
                 if stage in done.stages:
                     times[f"tandem.{stage}_ms"] = done.stages[stage]
-            compute = start(
-                "compute", context=under, start_time=_ns(done.started_at), attributes=times
-            )
-            compute.end(_ns(done.started_at + done.compute_ms / 1000))
-        start("store", context=under, start_time=_ns(done.stored_at)).end(_ns(ended))
-        batch.end(_ns(ended))
-        return batch
+            end = _ns(done.started_at + done.compute_ms / 1000)
+            self._emit("compute", self._new(trace_id), batch, started, end, times)
+        self._emit("store", self._new(trace_id), batch, _ns(done.stored_at), ended)
+
+    def _new(self, trace_id: int) -> SpanContext:
+        """A new span's context in this trace, sampled."""
+        return SpanContext(trace_id, self.ids.generate_span_id(), False, _SAMPLED)
+
+    def _emit(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start: int,
+        end: int,
+        attributes: dict[str, Any] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        status: Status = _UNSET,
+        events: tuple = (),
+        links: tuple = (),
+    ) -> None:
+        """A finished span, to the exporter's queue."""
+        span = ReadableSpan(
+            name, context, parent, self.resource, attributes or {}, events, links, kind,
+            status=status, start_time=start, end_time=end, instrumentation_scope=self.scope,
+        )  # fmt: skip
+        self.processor.on_end(span)
