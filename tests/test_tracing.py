@@ -329,3 +329,25 @@ def test_an_exporter_that_is_not_installed_is_named():
         tracing.exporters({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
     (console,) = tracing.exporters({"OTEL_TRACES_EXPORTER": " console "})
     assert type(console).__name__ == "ConsoleSpanExporter"
+
+
+def test_a_producer_that_samples_nothing_sends_its_decision_and_nothing_is_recorded(stack):
+    """OTEL_TRACES_SAMPLER=always_off at the producer: its message carries an unsampled
+    traceparent, and the worker's parent-based sampler records nothing for it."""
+    out = produce(
+        stack, _SENT % "sim:1", {**stack.receiver.env(), "OTEL_TRACES_SAMPLER": "always_off"}
+    )
+    (sent,) = out["sent"]
+    unsampled = json.loads(sent)["headers"]
+    assert int(unsampled["traceparent"][-2:], 16) & 1 == 0  # W3C's sampled flag, clear
+    assert out["value"] == [3]
+    # A sampled task sent after it is traced; by then the first would have been too.
+    later = plain_celery(stack.settings).send_task(
+        "tandem.infer",
+        kwargs={"model": "sim:1", "inputs": [4]},
+        queue=keys.l1("sim:1"),
+        headers={"traceparent": f"00-{7:032x}-{7:016x}-01"},
+    )
+    assert later.get(timeout=30) == [4]
+    stack.receiver.one("process ", **{"messaging.message.id": later.id})
+    assert not stack.receiver.find("process ", **{"messaging.message.id": unsampled["id"]})

@@ -64,12 +64,12 @@ class Executors(bootsteps.StartStopStep):
         hooks: list[Hook] = [Logs(), Metrics(), CeleryEvents(worker.app, worker.hostname)]
         tracer = tracing.tracer("tandem-worker")
         if tracer is not None:
-            from tandem.workers.tracing import Traces, usable
+            from tandem.workers.tracing import Traces, records_nothing, usable
 
-            if usable(tracer):
-                hooks.append(Traces(tracer, worker.hostname))
-            else:
+            if not usable(tracer):
                 log.warning("the tracer is not OpenTelemetry's SDK: batches are not traced")
+            elif not records_nothing(tracer):
+                hooks.append(Traces(tracer, worker.hostname))
         canvas = Canvas(worker.app, worker.hostname)
         for ref, model in served:
             executor = Executor(

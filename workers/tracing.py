@@ -34,6 +34,8 @@ from tandem.workers.hooks import STAGES, HasId, Hook
 _W3C = TraceContextTextMapPropagator()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
+#: A traceparent's last field, its flags, when its sampled bit is clear (W3C).
+_UNSAMPLED = frozenset(f"{n:02x}" for n in range(0, 256, 2))
 
 
 def _ns(seconds: float) -> int:
@@ -56,6 +58,11 @@ def usable(tracer: Any) -> bool:
     )
 
 
+def records_nothing(tracer: Any) -> bool:
+    """Whether the tracer's sampler drops every span (OTEL_TRACES_SAMPLER=always_off)."""
+    return tracer.sampler.get_description() == "AlwaysOffSampler"
+
+
 class Traces(Hook):
     def __init__(self, tracer: Any, worker: str) -> None:
         self.sampler = tracer.sampler
@@ -64,6 +71,9 @@ class Traces(Hook):
         self.processor = tracer.span_processor
         self.scope = InstrumentationScope(tracing.SCOPE)
         self.worker = worker
+        #: The sampler drops a span whose remote parent was not sampled (a parent-based
+        #: one, as OTEL_TRACES_SAMPLER sets them): known from the header's flags alone.
+        self.follows = "remoteParentNotSampled:AlwaysOffSampler" in self.sampler.get_description()
 
     def batch_done(self, executor: HasId, done: Computed) -> None:
         claimed, ended = _ns(done.claimed_at), _ns(done.store_ended_at or done.stored_at)
@@ -97,6 +107,8 @@ class Traces(Hook):
             return None  # no task to speak of: it went to the dead letters
         context, parent = None, None
         if task.trace:
+            if self.follows and task.trace["traceparent"][-2:] in _UNSAMPLED:
+                return None  # its producer's sampler said no
             context = _W3C.extract(task.trace)
             parent = get_current_span(context).get_span_context()
             if not parent.is_valid:
