@@ -13,9 +13,13 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 #: messaging.system: tandem's own protocol on Redis lists.
 SYSTEM = "tandem"
+#: The messages carry W3C Trace Context (traceparent, tracestate), which workers read,
+#: whatever propagators OTEL_PROPAGATORS names for the process's other calls.
+_W3C = TraceContextTextMapPropagator()
 
 
 class Send:
@@ -26,20 +30,22 @@ class Send:
     __slots__ = ("span", "headers")
 
     def __init__(self, tracer: Any, model: str, queue: str, count: int) -> None:
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.destination.name": queue,
-            "tandem.model": model,
-        }
-        if count != 1:
-            attributes["messaging.batch.message_count"] = count
-        self.span = tracer.start_span(
-            f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
-        )
+        self.span = span = tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "messaging.system": SYSTEM,
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "send",
+                    "messaging.destination.name": queue,
+                    "tandem.model": model,
+                }
+            )
+            if count != 1:
+                span.set_attribute("messaging.batch.message_count", count)
+        # Sampled or not, the decision travels: a worker's parent-based sampler follows it.
         self.headers: dict[str, str] = {}
-        propagate.inject(self.headers, context=trace.set_span_in_context(self.span))
+        _W3C.inject(self.headers, context=trace.set_span_in_context(span))
 
     def routed(self, task_ids: Sequence[str], replies: Sequence[Any]) -> None:
         """End it: replies holds each task's executor (its L2), None (L1) or the error
