@@ -27,6 +27,7 @@ TANDEM_SERVICES = ["coordinator", *WORKERS, "flower", "gateway", "producer"]
 
 def test_services_are_all_there(compose):
     others = {"redis", "coordinator", "flower", "gateway", "producer", "prometheus", "grafana"}
+    others.add("jaeger")
     assert set(compose["services"]) == others | set(WORKERS)
 
 
@@ -60,7 +61,7 @@ def test_every_tandem_service_shares_the_env_file(compose):
     )
     assert env["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
     for name in TANDEM_SERVICES:  # the same file as the Kubernetes ConfigMap's
-        assert compose["services"][name]["env_file"] == "k8s/tandem.env"
+        assert compose["services"][name]["env_file"] == ["k8s/tandem.env", "tracing.env"]
         assert compose["services"][name]["build"]["dockerfile"] == "compose/Dockerfile"
     assert (COMPOSE / "Dockerfile").exists()
 
@@ -82,7 +83,13 @@ def test_flower_takes_its_broker_from_the_env_file_and_asks_for_a_login_when_tol
     assert flower["environment"] == ["FLOWER_BASIC_AUTH"]
 
 
-PUBLISHED = {"flower": (5555,), "gateway": (8000, 8001), "prometheus": (9090,), "grafana": (3000,)}
+PUBLISHED = {
+    "flower": (5555,),
+    "gateway": (8000, 8001),
+    "prometheus": (9090,),
+    "grafana": (3000,),
+    "jaeger": (16686,),
+}
 
 
 def test_only_what_a_user_opens_is_published_and_on_this_host_by_default(compose):
@@ -187,7 +194,7 @@ def test_the_image_installs_the_extra_of_every_service_it_runs():
     their extra in the one image."""
     line = next(x for x in (COMPOSE / "Dockerfile").read_text().splitlines() if "pip install" in x)
     extras = set(line.split("[", 1)[1].split("]", 1)[0].split(","))
-    assert {"worker", "flower", "http", "embed"} <= extras
+    assert {"worker", "flower", "http", "embed", "otel"} <= extras
 
 
 def test_the_image_copies_every_folder_the_package_maps():
@@ -222,3 +229,15 @@ def test_the_readme_snippet_for_your_own_models_fits_a_worker(compose):
     assert mount.split(":")[1] == worker["environment"]["TANDEM_REPOSITORY"]
     names = {f"TANDEM_{f.name.upper()}" for f in dataclasses.fields(Settings)}
     assert set(worker["environment"]) <= names
+
+
+def test_every_tandem_service_traces_to_the_jaeger_service(compose):
+    env = dict(
+        line.split("=", 1)
+        for line in (COMPOSE / "tracing.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
+    assert "jaeger" in compose["services"]
+    # A sampler OpenTelemetry's SDK knows, which follows a caller's decision.
+    assert env["OTEL_TRACES_SAMPLER"].startswith("parentbased_")
