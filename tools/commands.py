@@ -97,11 +97,11 @@ def demo(workers, rates, seconds, **flags) -> None:
 )
 @click.option(
     "--tracing",
-    type=click.Choice(["off", "sampler-off", "on"]),
     default="off",
     show_default=True,
-    help="tandem's traces: off; the [otel] extra with the sampler off; or every span "
-    "exported over OTLP to a sink process.",
+    callback=lambda ctx, param, value: _tracing(value),
+    help="tandem's traces: off; sampler-off (the otel extra, its sampler off); on (every "
+    "span, over OTLP to a sink process); or a ratio of traces, such as 0.1.",
 )
 @click.option("--workers", type=int, default=2, show_default=True, help="Worker processes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write rows here.")
@@ -225,6 +225,20 @@ DEFAULT_SYSTEMS = {
     False: ("tandem", "celery-plain", "celery-batches/10ms", "celery-batches/50ms"),
     True: ("tandem", "tandem/no-pipeline", "celery-plain", "celery-batches/10ms"),
 }
+
+
+def _tracing(value: str) -> str:
+    """--tracing's value, checked."""
+    from tandem.tools.tracesink import sampler
+
+    if value != "off":
+        try:
+            sampler(value)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: give off, sampler-off, on, or a ratio over 0 and at most 1"
+            ) from None
+    return value
 
 
 def _systems(text: str | None, profile: str) -> list | None:

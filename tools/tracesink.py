@@ -21,8 +21,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tandem.broker import tracing
 from tandem.server import free_port
 
-MODES = ("off", "sampler-off", "on")
-
 
 class Sink:
     """The sink process, on a free port of this host."""
@@ -51,13 +49,27 @@ class Sink:
         self.process.wait(10)
 
 
+def sampler(mode: str) -> dict[str, str]:
+    """OTEL_TRACES_SAMPLER (and its argument) for a mode: sampler-off, on, or a ratio of
+    traces (0 to 1). Raises ValueError for anything else."""
+    if mode == "sampler-off":
+        return {"OTEL_TRACES_SAMPLER": "always_off"}
+    if mode == "on":
+        return {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    ratio = float(mode)
+    if not 0 < ratio <= 1:
+        raise ValueError(f"a ratio of traces is over 0 and at most 1, got {mode}")
+    return {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": mode}
+
+
 @contextmanager
 def traced(mode: str) -> Iterator[Sink | None]:
-    """Set OTEL_* for this process and every process it starts, for `mode`; the sink
-    that receives the spans, unless off."""
+    """Set OTEL_* for this process and every process it starts, for `mode` (off, or as
+    `sampler` takes it); the sink that receives the spans, unless off."""
     if mode == "off":
         yield None
         return
+    chosen = sampler(mode)
     sink = Sink()
     env = {
         "OTEL_TRACES_EXPORTER": "otlp",
@@ -65,7 +77,8 @@ def traced(mode: str) -> Iterator[Sink | None]:
         "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
         # Spans exported every 100 ms, so that a run's own are exported within it.
         "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "OTEL_TRACES_SAMPLER": "always_off" if mode == "sampler-off" else "parentbased_always_on",
+        "OTEL_TRACES_SAMPLER_ARG": "",
+        **chosen,
     }
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
