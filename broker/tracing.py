@@ -39,6 +39,8 @@ ASKING = (
 
 _decided = False
 _tracer: Any = None
+#: The tracer provider tandem set up from OTEL_*, if it did: not an application's own.
+_ours: Any = None
 
 
 def tracer(service: str = "tandem") -> Any:
@@ -69,10 +71,14 @@ def asked(env: Any) -> bool:
 
 
 def _make(service: str, env: Any) -> Any:
+    global _ours
     if not asked(env):
         # An application that set up OpenTelemetry before it made a Client: join it.
         api = sys.modules.get("opentelemetry.trace")
-        if api is None or isinstance(api.get_tracer_provider(), api.ProxyTracerProvider):
+        if api is None:
+            return None
+        provider = api.get_tracer_provider()
+        if provider is _ours or isinstance(provider, api.ProxyTracerProvider):
             return None
         return api.get_tracer(SCOPE)
     try:
@@ -98,6 +104,7 @@ def _make(service: str, env: Any) -> Any:
         for exporter in exporters(env):
             provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
+        _ours = provider
     return trace.get_tracer(SCOPE)
 
 
