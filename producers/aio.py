@@ -158,12 +158,13 @@ class AsyncClient:
             send = Send(self.tracer, model, queue, len(inputs))
         ids, envelopes = [], []
         limit = self.settings.max_message_bytes
+        trace = None if send is None else send.headers
         try:
             for value in inputs:
                 task_id = self._new_id()
                 envelope = message.encode_checked(
                     model, value, queue=queue, task_id=task_id, priority=priority,
-                    expires=expires, binary=binary, limit=limit, trace=send and send.headers,
+                    expires=expires, binary=binary, limit=limit, trace=trace,
                 )  # fmt: skip
                 ids.append(task_id)
                 envelopes.append(envelope)

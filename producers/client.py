@@ -95,8 +95,9 @@ class Client:
         expires = None if deadline_s is None else message.expires_in(deadline_s)
         send = None if self._send is None else self._sending(model, 1)
         try:
+            trace = None if send is None else send.headers
             task_id, envelope = self._encode(
-                model, inputs, priority, expires, task_id, binary, send and send.headers
+                model, inputs, priority, expires, task_id, binary, trace
             )
             self._expect([task_id], own=not task_id_given)
         except Exception as e:
@@ -144,7 +145,7 @@ class Client:
         inputs = list(inputs)
         send = None if self._send is None else self._sending(model, len(inputs))
         try:
-            trace = send and send.headers
+            trace = None if send is None else send.headers
             encoded = [
                 self._encode(model, x, priority, expires, None, binary, trace) for x in inputs
             ]

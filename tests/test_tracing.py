@@ -169,9 +169,10 @@ def test_a_refused_task_s_trace_says_why(stack):
         except Exception as e:
             print(json.dumps({"error": type(e).__name__}))
         """,
-        stack.receiver.env(),
+        {**stack.receiver.env(), "OTEL_SERVICE_NAME": "checkout"},
     )
     send = stack.receiver.one("send ", **{"tandem.model": "sim:9"})
+    assert send.service == "checkout"  # OTEL_SERVICE_NAME, else tandem-producer
     assert send.status[0] == ERROR
     assert send.attributes["error.type"] == out["error"]
     assert out["error"] in send.status[1]
