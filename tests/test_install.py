@@ -45,6 +45,10 @@ EXTRA_FILES = {
     "tools/locustfile.py": "bench",  # run by httpbench, in a process of its own
     "tools/plots.py": "bench",
     "tools/grpcload.py": "http",  # gRPC's clients; bench --profile http requires both
+    "broker/tracing.py": "otel",  # only where OTEL_* ask for traces
+    "producers/tracing.py": "otel",
+    "workers/tracing.py": "otel",
+    "tools/tracesink.py": "otel",  # bench --tracing requires it
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",
     "producers/http/oip.py": "http",

@@ -21,7 +21,15 @@ from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 from opentelemetry.trace.propagation import get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -64,6 +72,8 @@ def records_nothing(tracer: Any) -> bool:
 
 
 class Traces(Hook):
+    """The spans of each stored batch (see the module), built with the SDK's parts."""
+
     def __init__(self, tracer: Any, worker: str) -> None:
         self.sampler = tracer.sampler
         self.resource = tracer.resource
@@ -84,8 +94,8 @@ class Traces(Hook):
             sampled = self._sampled(task)
             if sampled is None:
                 continue
-            parent, trace_id = sampled
-            own = self._new(trace_id)
+            parent, trace_id, state = sampled
+            own = self._new(trace_id, state)
             spans.append(own)
             sent = min(_ns(task.sent_at) if task.sent_at else claimed, claimed)
             queue = task.queue or task.model
@@ -100,9 +110,10 @@ class Traces(Hook):
         if spans:
             self._batch(executor, done, batch, spans, claimed, ended)
 
-    def _sampled(self, task: Task) -> tuple[SpanContext | None, int] | None:
-        """The parent (its producer's send span, if its message says) and the trace id
-        of a task's span, if the sampler records it; None if not, or if it has no id."""
+    def _sampled(self, task: Task) -> tuple[SpanContext | None, int, TraceState] | None:
+        """The parent (its producer's send span, if its message says), the trace id and
+        the trace state of a task's span, if the sampler records it; None if not, or if
+        it has no id."""
         if task.id is None:
             return None  # no task to speak of: it went to the dead letters
         context, parent = None, None
@@ -115,7 +126,9 @@ class Traces(Hook):
                 context, parent = None, None
         trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
         result = self.sampler.should_sample(context, trace_id, "process", SpanKind.CONSUMER)
-        return (parent, trace_id) if result.decision.is_sampled() else None
+        if not result.decision.is_sampled():
+            return None
+        return parent, trace_id, result.trace_state
 
     @staticmethod
     def _outcome(task: Task, done: Computed) -> tuple[dict[str, Any], Status, tuple]:
@@ -173,9 +186,9 @@ class Traces(Hook):
             self._emit("compute", self._new(trace_id), batch, started, end, times)
         self._emit("store", self._new(trace_id), batch, _ns(done.stored_at), ended)
 
-    def _new(self, trace_id: int) -> SpanContext:
+    def _new(self, trace_id: int, state: TraceState | None = None) -> SpanContext:
         """A new span's context in this trace, sampled."""
-        return SpanContext(trace_id, self.ids.generate_span_id(), False, _SAMPLED)
+        return SpanContext(trace_id, self.ids.generate_span_id(), False, _SAMPLED, state)
 
     def _emit(
         self,
