@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import os
 import subprocess
 import time
@@ -143,3 +145,15 @@ def start_up(folder, *args: str) -> tuple[subprocess.Popen, str]:
         return line if "tandem up on" in line else None
 
     return up, wait_until(banner, 60, "the stack")
+
+
+def parse_file(path: Path) -> ast.Module:
+    """A Python file's syntax tree, parsed with the garbage collector off: a finalizer
+    that a collection runs inside CPython 3.11's AST constructor (an earlier test's
+    Celery result, say) breaks its recursion count ("AST constructor recursion depth
+    mismatch")."""
+    gc.disable()
+    try:
+        return ast.parse(path.read_text())
+    finally:
+        gc.enable()

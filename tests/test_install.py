@@ -15,7 +15,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from helpers import hide_modules, tandem
+from helpers import hide_modules, parse_file, tandem
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The folders of the one import package, `tandem`.
@@ -198,7 +198,7 @@ def product_imports() -> dict[str, set[str]]:
     for folder in FOLDERS:
         for path in (ROOT / folder).rglob("*.py"):
             names = set()
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse_file(path)):
                 if isinstance(node, ast.Import):
                     names |= {a.name.partition(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import parse_file
+
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).parent.parent
@@ -55,7 +57,7 @@ def package_of(name: str) -> str:
 def imported(path: Path) -> list[str]:
     """Every module name an import in this file names (a from-import's names too)."""
     names = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -4,6 +4,7 @@ to a collector or Jaeger; the real clients carry the caller's trace context."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -24,8 +25,11 @@ from conftest import Processes  # noqa: E402
 from helpers import fast_settings, hide_modules, plain_celery, tandem  # noqa: E402
 from tandem.broker import keys, tracing  # noqa: E402
 from tandem.broker.errors import BadArgument  # noqa: E402
+from tandem.producers.client import stop_result_listener  # noqa: E402
 from tandem.server import RedisServer  # noqa: E402
 
+#: The plain Celery apps of these tests, on the module's Redis.
+APPS: list = []
 #: OTLP's SpanKind values.
 SERVER, PRODUCER, CONSUMER = 2, 4, 5
 ERROR = 2  # OTLP's status code
@@ -47,6 +51,10 @@ def stack(tmp_path_factory):
         procs.receiver = receiver
         yield procs
     finally:
+        # The Celery results of the tests unsubscribe when collected: while Redis answers.
+        gc.collect()
+        for app in APPS:
+            stop_result_listener(app)
         procs.stop_all()
         receiver.close()
         client.close()
@@ -137,6 +145,7 @@ def test_a_shed_task_s_trace_says_it_was_shed(stack):
     """A task whose deadline passed before its claim is shed, never computed; its span,
     in the trace its plain Celery publisher's traceparent named, says so and why."""
     app = plain_celery(stack.settings)
+    APPS.append(app)
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     past = datetime.now(timezone.utc) - timedelta(seconds=5)
     result = app.send_task(
@@ -343,7 +352,9 @@ def test_a_producer_that_samples_nothing_sends_its_decision_and_nothing_is_recor
     assert int(unsampled["traceparent"][-2:], 16) & 1 == 0  # W3C's sampled flag, clear
     assert out["value"] == [3]
     # A sampled task sent after it is traced; by then the first would have been too.
-    later = plain_celery(stack.settings).send_task(
+    app = plain_celery(stack.settings)
+    APPS.append(app)
+    later = app.send_task(
         "tandem.infer",
         kwargs={"model": "sim:1", "inputs": [4]},
         queue=keys.l1("sim:1"),
