@@ -89,16 +89,26 @@ def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):
     assert (tmp_path / "fleet.png").stat().st_size > 0
 
 
-def test_the_overhead_profile_counts_every_result(tmp_path):
+def test_the_overhead_profile_counts_every_result_and_traced_every_span(tmp_path):
+    """Run as `--tracing on`: every process exports to the sink, which gets each tandem
+    task's spans; the workers' and the producer's CPU per task are measured."""
     pytest.importorskip("celery_batches")
+    pytest.importorskip("opentelemetry.sdk")
+    from tandem.broker import tracing
     from tandem.tools import fleet
+    from tandem.tools.tracesink import traced
 
-    rows = fleet.run_overhead(
-        ["tandem", "celery-plain"], tmp_path, quick=True, workers=1, tasks=300
-    )
+    with traced("on") as sink:
+        rows = fleet.run_overhead(
+            ["tandem", "celery-plain"], tmp_path, quick=True, workers=1, tasks=300
+        )
+        # Each task's process and queue wait spans, exported within the run's settling.
+        wait_until(lambda: sink.spans() >= 2 * 300, 30, "every task's spans at the sink")
+    assert tracing.tracer() is None  # the run's OTEL_* are gone, and so is its tracing
     assert [r["system"] for r in rows] == ["tandem", "celery-plain"]
     for row in rows:
         assert row["tasks"] == 300 and row["tasks_per_s"] > 0
+        assert row["workers_cpu_us_per_task"] > 0 and row["producer_cpu_us_per_task"] > 0
         assert row["redis_cpu_us_per_task"] > 0 and row["mean_batch"] >= 1
         assert row["redis_us_per_task_by_command"]  # Redis's time per task, by command
     by_command = rows[0]["redis_us_per_task_by_command"]
@@ -293,19 +303,3 @@ def test_the_autoscale_measures_are_what_they_say():
     assert autoscale.oracle_executor_s(low, 0, autoscale.NOMINAL_CAPACITY) == 10
     assert 20 < autoscale.oracle_executor_s(high, 0, autoscale.NOMINAL_CAPACITY) < 30
     assert autoscale.oracle_executor_s(step, 0, 40) < autoscale.oracle_executor_s(step, 3, 40)
-
-
-def test_the_overhead_profile_with_every_span_traced_counts_the_workers_cpu(tmp_path):
-    """--tracing on: every process of the run exports to the sink, which counts each
-    task's spans; the workers' and the producer's CPU per task are measured."""
-    pytest.importorskip("opentelemetry.sdk")
-    from tandem.broker import tracing
-    from tandem.tools import fleet
-    from tandem.tools.tracesink import traced
-
-    with traced("on") as sink:
-        (row,) = fleet.run_overhead(["tandem"], tmp_path, quick=True, workers=1, tasks=200)
-        # Each task's process and queue wait spans, exported within the run's settling.
-        wait_until(lambda: sink.spans() >= 2 * 200, 30, "every task's spans at the sink")
-    assert row["workers_cpu_us_per_task"] > 0 and row["producer_cpu_us_per_task"] > 0
-    assert tracing.tracer() is None  # the run's OTEL_* are gone, and so is its tracing
