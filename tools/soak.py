@@ -170,23 +170,29 @@ class Soak:
         self.accepted[result.id] = kind
 
     def chaos(self) -> None:
+        """A kill every kill_every_s, and one Redis restart half-way. A kill that found no
+        worker running (all of them restarting, on a slow host) is tried again at once,
+        so that kills happen however long workers take to start."""
         rng = random.Random(11)
         restarted = False
         start = time.monotonic()
-        while not self._stop.wait(self.kill_every_s):
+        pause = self.kill_every_s
+        while not self._stop.wait(pause):
             if not restarted and time.monotonic() - start > self.seconds / 2:
                 self.restart_redis()
                 restarted = True
+                pause = self.kill_every_s
                 continue
-            self.kill_one(rng)
+            pause = self.kill_every_s if self.kill_one(rng) else 0.0
 
-    def kill_one(self, rng: random.Random) -> None:
+    def kill_one(self, rng: random.Random) -> bool:
+        """Kill a running worker, and time its recovery; False if none was running."""
         victim = self._victim(rng)
         if victim is None:
-            return
+            return False
         process = self.workers.pop(victim.worker, None)
         if process is None:  # the supervisor saw it exit first
-            return
+            return False
         held = self._held(victim.id)
         process.kill()
         killed = time.monotonic()
@@ -199,11 +205,12 @@ class Soak:
                 self.report.recoveries_s.append(time.monotonic() - killed)
                 reclaimed = True
             if reclaimed and not held:
-                return
+                return True
             if reclaimed and self._count([keys.result(t) for t in held]) == len(held):
                 self.report.served_again_s.append(time.monotonic() - killed)
-                return
+                return True
             time.sleep(0.02)
+        return True
 
     def _victim(self, rng: random.Random):
         """An executor of a worker this soak runs now (not one a poison task took down,
