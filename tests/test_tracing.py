@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -363,3 +364,50 @@ def test_a_producer_that_samples_nothing_sends_its_decision_and_nothing_is_recor
     assert later.get(timeout=30) == [4]
     stack.receiver.one("process ", **{"messaging.message.id": later.id})
     assert not stack.receiver.find("process ", **{"messaging.message.id": unsampled["id"]})
+
+
+_TRACEPARENT = st.builds(
+    lambda t, s, f: f"00-{t:032x}-{s:016x}-{f}",
+    st.integers(0, 2**128 - 1),
+    st.integers(0, 2**64 - 1),
+    st.sampled_from(["00", "01", "02", "03", "zz"]),
+)
+
+
+@given(st.one_of(st.text(max_size=80), _TRACEPARENT), st.text(max_size=40))
+def test_any_trace_header_a_message_carries_makes_a_span_and_never_raises(parent, state):
+    """A hostile or malformed traceparent (any text) neither stops a batch's hook nor
+    joins a trace it does not name: a valid sampled one is the parent, one whose flags
+    say unsampled is followed (no span), anything else a new root."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tandem.broker.message import Task
+    from tandem.workers.computed import Computed
+    from tandem.workers.tracing import Traces
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    hook = Traces(provider.get_tracer("test"), "w@test")
+    task = Task(raw=b"", id="t1", model="sim:1", queue="tandem.l1.sim.1", sent_at=1.0)
+    task.trace = {"traceparent": parent, "tracestate": state}
+    done = Computed([task], {0: [1]}, claimed_at=2.0, started_at=3.0, compute_ms=1.0)
+    done.stored_at, done.store_ended_at = 4.0, 5.0
+
+    class Executor:
+        id, model_ref = "w@test/sim:1/1", "sim:1"
+
+    hook.batch_done(Executor(), done)
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    if parent[-2:] in {f"{n:02x}" for n in range(0, 256, 2)}:
+        # Flags that say unsampled: the caller decided against a trace, and is followed.
+        assert not spans
+        return
+    process = spans["process tandem.l1.sim.1"]
+    valid = re.fullmatch(r"00-([0-9a-f]{32})-([0-9a-f]{16})-0[13]", parent.strip())
+    if process.parent is not None:  # joined: only a trace the header names
+        assert f"{process.parent.trace_id:032x}" in parent
+    elif valid and set(valid[1]) != {"0"} and set(valid[2]) != {"0"}:
+        raise AssertionError(f"a valid sampled traceparent was not joined: {parent!r}")
