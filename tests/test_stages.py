@@ -417,3 +417,20 @@ def test_the_latency_model_still_predicts_what_the_caller_waits_for(settings, r,
     # collate, copy in, compute and copy out: 150 ms of sleeps, on the task's path
     assert min(waited) >= 150
     assert executor.latency.finish_ms(1) >= sorted(waited)[len(waited) // 2] * 0.9
+
+
+def test_a_forward_pass_has_started_on_the_device_thread_before_the_next_claim(settings, r):
+    """_on_device returns once the device thread runs the pass: the early claim after it,
+    decoding with the GIL held, would otherwise delay the pass's start."""
+    executor, heartbeat, client = serve(settings, r, Sleepy())
+    release = threading.Event()
+    try:
+        for _ in range(20):
+            release.clear()
+            future = executor._on_device(release.wait, 10)
+            assert future.running() or future.done()
+            release.set()
+            assert future.result(timeout=10) is True
+    finally:
+        release.set()
+        client.close(), heartbeat.stop(), executor.stop()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tandem.broker import message
@@ -27,6 +28,8 @@ log = logging.getLogger("tandem.executor")
 #: A forward pass predicted shorter than this (ms) runs on the executor thread: handing
 #: it to the device thread, and claiming the next batch meanwhile, would cost more.
 INLINE_COMPUTE_MS = 1.0
+#: The most the executor thread waits for the device thread to start a forward pass (s).
+DEVICE_START_S = 1.0
 
 
 class Computes:
@@ -90,10 +93,10 @@ class Computes:
                     ran = forward(self.model, inputs)
                 else:
                     if job is not None:
-                        computing = self._device.submit(forward_staged, self.model, job, inputs)
+                        computing = self._on_device(forward_staged, self.model, job, inputs)
                     else:
                         way = forward_serially if self._timed else forward
-                        computing = self._device.submit(way, self.model, inputs)
+                        computing = self._on_device(way, self.model, inputs)
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
                     ran = computing.result()
@@ -131,6 +134,20 @@ class Computes:
         if failed is not None:
             raise failed
         return following
+
+    def _on_device(self, fn: Callable[..., Pass], *args: Any) -> Future[Pass]:
+        """Run fn on the device thread, and return once it has started there. The claim
+        that follows holds the GIL while it decodes, so a device thread still waking up
+        would wait for it, up to a switch interval, before its forward pass began."""
+        started = threading.Event()
+
+        def run() -> Pass:
+            started.set()
+            return fn(*args)
+
+        future = self._device.submit(run)
+        started.wait(DEVICE_START_S)
+        return future
 
     def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
         """While a batch of n computes: claim and prepare the next, planned from when this
