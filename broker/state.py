@@ -51,12 +51,16 @@ class Batch(Sequence):
     - `tasks`: the decoded, checked tasks, when it was prepared while the previous batch
       computed (the pipeline); None when it still has to be prepared;
     - `staged`: its live tasks collated and on their way to the device (a model with
-      stages, workers/stages.py), or None."""
+      stages, workers/stages.py), or None;
+    - `revokes_checked`: when (time.monotonic()) its tasks were last checked against
+      Redis's revocation records, if that was done just before the previous batch's
+      compute ended, or None."""
 
     raw: list[bytes] = field(default_factory=list)
     redelivered: bool = False
     tasks: list | None = None
     staged: Any = None
+    revokes_checked: float | None = None
 
     def __getitem__(self, index):
         return self.raw[index]

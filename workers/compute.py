@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from tandem.broker import message
@@ -30,6 +30,8 @@ log = logging.getLogger("tandem.executor")
 INLINE_COMPUTE_MS = 1.0
 #: The most the executor thread waits for the device thread to start a forward pass (s).
 DEVICE_START_S = 1.0
+#: How long (ms) before a pass should end the next batch is checked for revokes.
+RECHECK_LEAD_MS = 2.0
 
 
 class Computes:
@@ -99,7 +101,7 @@ class Computes:
                         computing = self._on_device(way, self.model, inputs)
                     if self.settings.pipeline and not suspect and not self._stop.is_set():
                         following, failed = self._claim_early(started_at, len(ready))
-                    ran = computing.result()
+                    ran = self._result(computing, began, len(ready), following)
             finally:
                 self._computing = None
             self._last_end = time.monotonic()
@@ -148,6 +150,18 @@ class Computes:
         future = self._device.submit(run)
         started.wait(DEVICE_START_S)
         return future
+
+    def _result(self, computing: Future[Pass], began: float, n: int, following: Batch) -> Pass:
+        """The forward pass's result. With revocation records about, the next batch's
+        tasks are checked against them once more just before the pass should end, so
+        that round trip is not spent between the two computes."""
+        if following.tasks and self.revocations and self.latency.ready:
+            until = began + (self.latency.compute_ms(n) - RECHECK_LEAD_MS) / 1000
+            wait([computing], timeout=max(0.0, until - time.monotonic()))
+            if not computing.done():
+                self._prepare.recheck(following.tasks, revocations=True)
+                following.revokes_checked = time.monotonic()
+        return computing.result()
 
     def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
         """While a batch of n computes: claim and prepare the next, planned from when this

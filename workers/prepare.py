@@ -27,6 +27,9 @@ from tandem.workers.models import Model
 #: HELD_PER_SLOT x max_batch tasks, or HELD_MIN if that is more.
 HELD_PER_SLOT = 8
 HELD_MIN = 256
+#: A batch prepared early whose tasks were checked for revokes this recently (s) is not
+#: checked again as it starts (compute.py checks it just before the batch ahead ends).
+REVOKES_FRESH_S = 0.005
 
 
 class Preparer:
@@ -59,7 +62,9 @@ class Preparer:
         """The tasks of the batch in hand, prepared (or, if prepared early, checked
         again), planned against their deadlines and topped up from L1."""
         if batch.tasks is not None:
-            tasks = self.recheck(batch.tasks, revocations=revocations)
+            checked = batch.revokes_checked
+            fresh = checked is not None and time.monotonic() - checked <= REVOKES_FRESH_S
+            tasks = self.recheck(batch.tasks, revocations=revocations and not fresh)
             return self._fill(tasks, refill=True, start_s=0.0, revocations=revocations)
         tasks = self.prepare(batch, revocations=revocations)
         return self._fill(tasks, refill=False, start_s=0.0, revocations=revocations)

@@ -1,0 +1,60 @@
+"""A batch prepared early (the pipeline) is checked against Redis's revocation records
+once more just before the batch ahead of it ends, not between the two computes: a task
+revoked meanwhile is still never computed. A real executor on a real Redis."""
+
+from __future__ import annotations
+
+import time
+
+from test_stages import Sleepy, serve
+
+from helpers import wait_until
+from tandem.broker import keys
+from tandem.workers import prepare
+
+
+class Recording(Sleepy):
+    """Sleepy, which also keeps every item it computed."""
+
+    def __init__(self) -> None:
+        super().__init__(stage_s=0.0, compute_s=0.4)
+        self.computed: list[int] = []
+
+    def forward(self, batch):
+        self.computed.extend(batch)
+        return super().forward(batch)
+
+
+def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(settings, r, monkeypatch):
+    # Only the check before the batch ahead ends can see the revoke: none at the start.
+    monkeypatch.setattr(prepare, "REVOKES_FRESH_S", 60.0)
+    model = Recording()
+    executor, heartbeat, client = serve(settings, r, model)
+    checks: list[float] = []
+    revoked = executor.table.revoked
+
+    def timed(task_ids):
+        checks.append(time.monotonic())
+        return revoked(task_ids)
+
+    executor.table.revoked = timed
+    try:
+        client.revoke("a-task-of-nobody")  # a revocation record about: every batch checks
+        wait_until(lambda: executor.revocations, 10, "the heartbeat to see the record")
+        warm = client.submit_many("staged:1", [0])  # the latency model learns a compute
+        assert [x.get(timeout=30) for x in warm] == [0]
+        results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
+        # The first wakes the IDLE executor and computes alone; four more are claimed
+        # early while it computes, and prepared.
+        wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "the early claim")
+        client.revoke(results[2].id)
+        values = [x.get(timeout=30, propagate=False) for x in results]
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    assert results[2].state == "REVOKED" and 3 not in model.computed
+    assert values[:2] == [2, 4] and values[3:] == [8, 10]
+    # The batch of 2, 4 and 5 was prepared early, while 1 computed: it was checked against
+    # Redis then, and before 1 ended, but not between the two computes.
+    spans = {key: (started, ended) for key, started, ended in model.spans["compute"]}
+    (_, ahead_ended), (following_started, _) = spans[1], spans[2]
+    assert not [t for t in checks if ahead_ended < t < following_started]
