@@ -434,3 +434,47 @@ def test_a_forward_pass_has_started_on_the_device_thread_before_the_next_claim(s
     finally:
         release.set()
         client.close(), heartbeat.stop(), executor.stop()
+
+
+class TimedSim(SimModel):
+    """sim, recording each forward pass's (start, end)."""
+
+    def __init__(self, **costs) -> None:
+        super().__init__(base_ms=60.0, per_item_ms=0.0, **costs)
+        self.computes: list[tuple[float, float]] = []
+
+    def forward(self, moving):
+        started = time.monotonic()
+        out = super().forward(moving)
+        self.computes.append((started, time.monotonic()))
+        return out
+
+
+@pytest.mark.parametrize(
+    "costs, ahead", [((30.0, 30.0), True), ((5.0, 5.0), False)], ids=["long", "short"]
+)
+def test_the_batch_after_next_is_claimed_early_only_where_staging_nearly_fills_a_compute(
+    settings, r, costs, ahead
+):
+    """Claiming, collating and copying a batch in about a compute's time: the batch after
+    the next is claimed while one computes, so the next one's copy is done when it ends.
+    Well under that: one batch ahead, as the pair of second-level sets."""
+    model = TimedSim(collate_ms=costs[0], copy_ms=costs[1])
+    executor, heartbeat, client = serve(settings, r, model)
+    claims: list[float] = []
+    claim = executor.table.claim
+
+    def timed(*args, **kwargs):
+        claimed = claim(*args, **kwargs)
+        if claimed:
+            claims.append(time.monotonic())
+        return claimed
+
+    executor.table.claim = timed
+    try:
+        results = client.submit_many(MODEL, [[n] for n in range(48)])
+        assert [x.get(timeout=60) for x in results] == [[n] for n in range(48)]
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    twice = [c for c in model.computes if sum(c[0] < t < c[1] for t in claims) >= 2]
+    assert bool(twice) is ahead

@@ -30,8 +30,26 @@ log = logging.getLogger("tandem.executor")
 INLINE_COMPUTE_MS = 1.0
 #: The most the executor thread waits for the device thread to start a forward pass (s).
 DEVICE_START_S = 1.0
+#: The batch after the next is claimed early once claiming and staging one take more
+#: than this share of a compute: the next batch's copy would not be done by the end of
+#: the compute in hand (which, waiting for that copy, looks longer than it is).
+AHEAD_SHARE = 0.8
 #: How long (ms) before a pass should end the next batch is checked for revokes.
 RECHECK_LEAD_MS = 2.0
+
+
+class Mean:
+    """A moving mean (ms) of the last few values, 0 before any."""
+
+    WEIGHT = 0.2
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._seen = False
+
+    def add(self, value: float) -> None:
+        self.value = value if not self._seen else self.value + self.WEIGHT * (value - self.value)
+        self._seen = True
 
 
 class Computes:
@@ -52,6 +70,11 @@ class Computes:
     _untold: State | None
 
     _stop: threading.Event
+    #: The batch after the next, claimed and prepared early; staged once the next starts.
+    _ahead: Batch | None
+    #: How long claiming and preparing a batch early takes, and staging it (ms).
+    _claiming_ms: Mean
+    _staging_ms: Mean
 
     def _tell(self, state: State) -> None: ...
 
@@ -135,6 +158,8 @@ class Computes:
         self._returner.hand_over(done)
         if failed is not None:
             raise failed
+        if self._ahead is not None and not following:  # nothing claimed early took it
+            following, self._ahead = self._ahead, None
         return following
 
     def _on_device(self, fn: Callable[..., Pass], *args: Any) -> Future[Pass]:
@@ -165,20 +190,40 @@ class Computes:
 
     def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
         """While a batch of n computes: claim and prepare the next, planned from when this
-        one should end, and stage it. An error is returned, to be raised once this batch
-        is handed over."""
-        ends = self.latency.compute_ms(n) + self.latency.gap_ms
+        one should end, and stage it (or take the one claimed ahead during the last
+        compute). Then, where claiming and staging a batch take nearly as long as
+        computing one, claim and prepare the batch after it too, to be staged as soon as
+        the next one starts. An
+        error is returned, to be raised once this batch is handed over."""
+        ends = (self.latency.compute_ms(n) + self.latency.gap_ms) / 1000
+        early, self._ahead = self._ahead, None
         try:
-            early = self._prepare.early(
-                revocations=self.revocations, start_s=started_at + ends / 1000
-            )
+            if early is None:
+                early = self._claim(started_at + ends)
         except Exception as e:  # noqa: BLE001 - batch N is stored first, as before
             return Batch(), e
         if self.staged and early.tasks:
             live = [task for task in early.tasks if task.error is None]
             if live:
                 early.staged = self._stage(None, live, [task.inputs for task in live])
+                if early.staged is not None:
+                    times = early.staged.times
+                    self._staging_ms.add(times.get("collate", 0.0) + times.get("copy_in", 0.0))
+        ahead_ms = self._staging_ms.value + self._claiming_ms.value
+        if early and self.latency.ready and ahead_ms > AHEAD_SHARE * ends * 1000:
+            try:
+                self._ahead = self._claim(started_at + 2 * ends) or None
+            except Exception as e:  # noqa: BLE001 - as above
+                return early, e
         return early, None
+
+    def _claim(self, start_s: float) -> Batch:
+        """Claim and prepare a batch from L1, planned to start at start_s (epoch s)."""
+        began = time.perf_counter()
+        batch = self._prepare.early(revocations=self.revocations, start_s=start_s)
+        if batch:
+            self._claiming_ms.add((time.perf_counter() - began) * 1000)
+        return batch
 
     def _stage(self, early: InFlight | None, live: list, inputs: list) -> InFlight | None:
         """The batch's tasks collated and on their way to the device: as staged early, if

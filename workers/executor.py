@@ -39,7 +39,7 @@ from tandem.broker.signals import FullSignal
 from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
-from tandem.workers.compute import Computes
+from tandem.workers.compute import Computes, Mean
 from tandem.workers.computed import Computed
 from tandem.workers.hooks import Hook, Logs
 from tandem.workers.latency import LatencyModel
@@ -109,6 +109,8 @@ class Executor(Computes):
         #: When the last compute ended (monotonic s) while work was in hand; None once the
         #: executor went IDLE, so the gap to the next compute is not a busy one.
         self._last_end: float | None = None
+        self._ahead: Batch | None = None
+        self._claiming_ms, self._staging_ms = Mean(), Mean()
         #: The device thread: runs each forward pass, so the executor thread can prepare
         #: the next batch meanwhile.
         self._device = ThreadPoolExecutor(1, thread_name_prefix=f"tandem device {self.id}")
@@ -263,7 +265,7 @@ class Executor(Computes):
                 log.warning(
                     "executor %s was reclaimed (missed heartbeats); registering again", self.id
                 )
-                batch = Batch()
+                batch, self._ahead = Batch(), None
                 self._retry(self._register)
             except redis.RedisError as e:
                 log.error(
@@ -272,10 +274,10 @@ class Executor(Computes):
                     type(e).__name__,
                     e,
                 )
-                batch = Batch()
+                batch, self._ahead = Batch(), None
                 self._retry(self._resync)
             except Exception as e:  # noqa: BLE001 - a bug or a failed returner: restart in place
-                batch = Batch()
+                batch, self._ahead = Batch(), None
                 if self._stop.is_set():  # no restart: stop() or terminate() hands its tasks back
                     log.warning("executor %s: %s while stopping", self.id, one_line(e))
                     return
@@ -288,7 +290,8 @@ class Executor(Computes):
         (A redelivered task is computed: it must stay alone.)"""
         if batch.staged is not None:
             batch.staged.done()
-        moved = self.table.unclaim(self.id, self.model_ref, list(batch))
+        ahead, self._ahead = self._ahead or Batch(), None
+        moved = self.table.unclaim(self.id, self.model_ref, list(batch) + list(ahead))
         log.info("executor %s stopping: %d unstarted tasks back to L1", self.id, moved)
         return Batch()
 
