@@ -478,3 +478,37 @@ def test_the_batch_after_next_is_claimed_early_only_where_staging_nearly_fills_a
         client.close(), heartbeat.stop(), executor.stop()
     twice = [c for c in model.computes if sum(c[0] < t < c[1] for t in claims) >= 2]
     assert bool(twice) is ahead
+
+
+def test_a_stop_hands_back_the_batch_after_next_claimed_early_too(settings, r):
+    """Stopped while N computes, N+1 is staged and N+2 claimed ahead: N is stored, and
+    N+1 and N+2 go back to L1; every task is stored or in L1, none left in in-flight."""
+    model = TimedSim(collate_ms=30.0, copy_ms=30.0)
+    forward, entered, go = model.forward, threading.Event(), threading.Event()
+    calls = []
+
+    def held(moving):  # the sixth compute waits for the test
+        calls.append(len(moving.items))
+        if len(calls) == 6:
+            entered.set()
+            go.wait(30)
+        return forward(moving)
+
+    model.forward = held
+    executor, heartbeat, client = serve(settings, r, model)
+    try:
+        results = client.submit_many(MODEL, [[n] for n in range(40)])
+        assert entered.wait(30)
+        wait_until(lambda: executor._ahead, 10, "the batch after next claimed ahead")
+        stopping = threading.Thread(target=executor.stop)
+        stopping.start()
+        wait_until(lambda: executor._stop.is_set(), 10, "stopping")
+        go.set()
+        stopping.join(30)
+        stored = sum(x.ready() for x in results)
+        assert r.llen(keys.inflight(executor.id)) == 0
+        assert stored + Table(r).l1_depth(MODEL) == 40
+        assert stored < 40 - 8  # N+1 and N+2 were not computed
+    finally:
+        go.set()
+        client.close(), heartbeat.stop(), executor.stop()
