@@ -25,6 +25,7 @@ from tandem.server import free_port
 COMPOSE = Path(__file__).parent.parent / "compose"
 K8S = COMPOSE / "k8s"
 KEDA = COMPOSE / "keda"
+TRACING = COMPOSE / "tracing"
 DASHBOARD = COMPOSE / "grafana" / "dashboards" / "tandem.json"
 ALERTS = COMPOSE / "prometheus" / "alerts.yml"
 METRIC = re.compile(r"\b((?:tandem|flower)_[a-z0-9_]+)\b")
@@ -288,3 +289,39 @@ def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa:
         wait_until(exported, 60, "every queried metric to be exported")
     except AssertionError:
         raise AssertionError(f"queried but not exported: {sorted(missing)}") from None
+
+
+def test_the_tracing_overlay_traces_the_workers_and_the_gateway_to_its_jaeger():
+    """compose/tracing: the base plus the OTEL_* settings for the workers and the gateway,
+    and a Jaeger to receive them, the one docker compose runs; every object fits the
+    Kubernetes schema."""
+    import kubernetes_validate
+
+    from tandem.broker import tracing
+
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(TRACING)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    built = {f"{o['kind']}/{o['metadata']['name']}": o for o in yaml.safe_load_all(done.stdout)}
+    base = set(manifests()) - {"ScaledObject/tandem-worker"}
+    assert set(built) == base | {
+        "ConfigMap/tandem-env", "ConfigMap/tandem-tracing", "Deployment/jaeger", "Service/jaeger"
+    }  # fmt: skip
+    for obj in built.values():
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+    lines = (TRACING / "tracing.env").read_text().splitlines()
+    otel = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    assert built["ConfigMap/tandem-tracing"]["data"] == otel and tracing.asked(otel)
+    for name, traced in [("tandem-worker", True), ("tandem-gateway", True),
+                         ("tandem-coordinator", False), ("flower", False)]:  # fmt: skip
+        refs = container(built, name)["envFrom"]
+        assert refs[0] == {"configMapRef": {"name": "tandem-env"}}
+        assert ({"configMapRef": {"name": "tandem-tracing"}} in refs) is traced
+    assert otel["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
+    ports = {p["port"] for p in built["Service/jaeger"]["spec"]["ports"]}
+    assert {4317, 4318, 16686} <= ports
+    compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    jaeger = container(built, "jaeger")
+    assert jaeger["image"] == compose["services"]["jaeger"]["image"]
+    assert jaeger["args"] == compose["services"]["jaeger"]["command"]
