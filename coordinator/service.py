@@ -24,7 +24,7 @@ import time
 
 import redis
 
-from tandem.broker import deadletter, message, results
+from tandem.broker import deadletter, message, results, tracing
 from tandem.broker.connect import connect
 from tandem.broker.errors import PoisonMessage
 from tandem.broker.faults import Faults
@@ -63,6 +63,8 @@ class Coordinator:
         self.leading: bool | None = None
         self._next_lease = self._next_scale = 0.0
         self.signals: dict[str, Signal] = {}  # per model
+        #: Where a buried task's span goes, if this process traces (broker/tracing.py).
+        self.tracer = tracing.tracer("tandem-coordinator")
 
     def __repr__(self) -> str:
         return (
@@ -254,6 +256,10 @@ class Coordinator:
             if self.table.bury(raw, record, task.id, meta):
                 buried += 1
                 log.error("task %s: %s", task.id or "(no id)", error)
+                if self.tracer is not None and task.id:
+                    from tandem.coordinator.spans import buried as span
+
+                    span(self.tracer, task, error, took)
         self.buried += buried
         return buried
 

@@ -101,11 +101,11 @@ class Processes:
         wait_until(ready, 60, f"worker {name} to come up")
         return process
 
-    def coordinator(self, metrics_port: int = 0) -> subprocess.Popen:
+    def coordinator(self, metrics_port: int = 0, env: dict | None = None) -> subprocess.Popen:
         args = (
             ["coordinator", f"--metrics-port={metrics_port}"] if metrics_port else ["coordinator"]
         )
-        process = spawn(args, self.settings, self.logs / "coordinator.log")
+        process = spawn(args, self.settings, self.logs / "coordinator.log", env=env)
         self.started.append(process)
         return process
 

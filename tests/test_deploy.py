@@ -291,10 +291,10 @@ def test_every_metric_queried_is_exported(processes, settings, flower):  # noqa:
         raise AssertionError(f"queried but not exported: {sorted(missing)}") from None
 
 
-def test_the_tracing_overlay_traces_the_workers_and_the_gateway_to_its_jaeger():
-    """compose/tracing: the base plus the OTEL_* settings for the workers and the gateway,
-    and a Jaeger to receive them, the one docker compose runs; every object fits the
-    Kubernetes schema."""
+def test_the_tracing_overlay_traces_the_workers_gateway_and_coordinator_to_its_jaeger():
+    """compose/tracing: the base plus the OTEL_* settings for the workers, the gateway and
+    the coordinator, and a Jaeger to receive them, the one docker compose runs; every
+    object fits the Kubernetes schema."""
     import kubernetes_validate
 
     from tandem.broker import tracing
@@ -314,7 +314,7 @@ def test_the_tracing_overlay_traces_the_workers_and_the_gateway_to_its_jaeger():
     otel = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
     assert built["ConfigMap/tandem-tracing"]["data"] == otel and tracing.asked(otel)
     for name, traced in [("tandem-worker", True), ("tandem-gateway", True),
-                         ("tandem-coordinator", False), ("flower", False)]:  # fmt: skip
+                         ("tandem-coordinator", True), ("flower", False)]:  # fmt: skip
         refs = container(built, name)["envFrom"]
         assert refs[0] == {"configMapRef": {"name": "tandem-env"}}
         assert ({"configMapRef": {"name": "tandem-tracing"}} in refs) is traced

@@ -24,7 +24,7 @@ from otlp import Receiver, Span  # noqa: E402
 
 from conftest import Processes  # noqa: E402
 from helpers import fast_settings, hide_modules, plain_celery, tandem  # noqa: E402
-from tandem.broker import keys, tracing  # noqa: E402
+from tandem.broker import keys, message, tracing  # noqa: E402
 from tandem.broker.errors import BadArgument  # noqa: E402
 from tandem.producers.client import stop_result_listener  # noqa: E402
 from tandem.server import RedisServer  # noqa: E402
@@ -166,6 +166,32 @@ def test_a_shed_task_s_trace_says_it_was_shed(stack):
     assert [name for name, _ in process.events] == ["shed"]
     batch = stack.receiver.by_id(process.links[0][1])
     assert batch.attributes["tandem.batch.shed"] >= 1
+
+
+def test_a_buried_poison_task_s_trace_says_it_was_quarantined(stack):
+    """A task whose deliveries killed every executor that held it: the coordinator buries
+    it, and the span it makes, in the trace its message named, says so and names them."""
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    task_id, raw = message.encode(
+        "sim:1", [1], queue=keys.l1("sim:1"),
+        trace={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+    )  # fmt: skip
+    took = ["gone@a/sim:1/1", "gone@b/sim:1/2", "gone@c/sim:1/3"]
+    # Where reclaim leaves a message that reached max_deliveries: on the poison list,
+    # with the executors that died holding it.
+    stack.client.rpush(keys.deliveries(raw.encode()), *took)
+    stack.client.lpush(keys.POISON, raw)
+    stack.coordinator(env=stack.receiver.env())
+    process = stack.receiver.one("process ", **{"messaging.message.id": task_id})
+    assert (process.service, process.kind) == ("tandem-coordinator", CONSUMER)
+    assert (process.trace_id, process.parent_id) == (trace_id, parent_id)
+    assert process.attributes["tandem.outcome"] == "failure"
+    assert process.attributes["error.type"] == "PoisonMessage"
+    assert process.status[0] == ERROR and "quarantined after 3 deliveries" in process.status[1]
+    ((event, attributes),) = process.events
+    assert event == "quarantined" and attributes["tandem.executors"] == took
+    stored = json.loads(stack.client.get(keys.result(task_id)))
+    assert stored["status"] == "FAILURE" and stored["result"]["exc_type"] == "PoisonMessage"
 
 
 def test_a_refused_task_s_trace_says_why(stack):
