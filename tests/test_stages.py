@@ -474,10 +474,15 @@ def test_the_batch_after_next_is_claimed_early_only_where_staging_nearly_fills_a
     try:
         results = client.submit_many(MODEL, [[n] for n in range(48)])
         assert [x.get(timeout=60) for x in results] == [[n] for n in range(48)]
+        # Its published latency model counts a compute of wait for each batch ahead.
+        speed = {k.decode(): float(v) for k, v in r.hgetall(keys.speed(MODEL)).items()}
+        extra_ms, compute_ms = speed["rate_extra"] / speed["rate"], executor.latency.compute_ms(4)
     finally:
         client.close(), heartbeat.stop(), executor.stop()
     twice = [c for c in model.computes if sum(c[0] < t < c[1] for t in claims) >= 2]
     assert bool(twice) is ahead
+    assert executor.batches_ahead == (2 if ahead else 1)
+    assert extra_ms == pytest.approx(compute_ms * executor.batches_ahead, rel=0.25)
 
 
 def test_a_stop_hands_back_the_batch_after_next_claimed_early_too(settings, r):

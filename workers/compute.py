@@ -75,6 +75,9 @@ class Computes:
     #: How long claiming and preparing a batch early takes, and staging it (ms).
     _claiming_ms: Mean
     _staging_ms: Mean
+    #: How many batches it claims ahead of the one computing: 2 where staging one takes
+    #: nearly a compute, else 1 (its latency model's extra wait counts one compute each).
+    batches_ahead: int
 
     def _tell(self, state: State) -> None: ...
 
@@ -209,8 +212,10 @@ class Computes:
                 if early.staged is not None:
                     times = early.staged.times
                     self._staging_ms.add(times.get("collate", 0.0) + times.get("copy_in", 0.0))
-        ahead_ms = self._staging_ms.value + self._claiming_ms.value
-        if early and self.latency.ready and ahead_ms > AHEAD_SHARE * ends * 1000:
+        if early and self.latency.ready:
+            ahead_ms = self._staging_ms.value + self._claiming_ms.value
+            self.batches_ahead = 2 if ahead_ms > AHEAD_SHARE * ends * 1000 else 1
+        if early and self.batches_ahead == 2:
             try:
                 self._ahead = self._claim(started_at + 2 * ends) or None
             except Exception as e:  # noqa: BLE001 - as above

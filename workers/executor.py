@@ -111,6 +111,7 @@ class Executor(Computes):
         self._last_end: float | None = None
         self._ahead: Batch | None = None
         self._claiming_ms, self._staging_ms = Mean(), Mean()
+        self.batches_ahead = 1
         #: The device thread: runs each forward pass, so the executor thread can prepare
         #: the next batch meanwhile.
         self._device = ThreadPoolExecutor(1, thread_name_prefix=f"tandem device {self.id}")

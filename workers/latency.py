@@ -155,10 +155,10 @@ class LatencyModel:
         with self._lock:
             return self._compute(n) + self._margin + self._return
 
-    def speed(self, max_batch: int, *, pipeline: bool) -> Speed:
+    def speed(self, max_batch: int, *, pipeline: bool, ahead: int = 1) -> Speed:
         """The rate at full batches; the lag from a claim to the stored result; and, with
-        the pipeline, the extra wait of a batch claimed early, as the one before it starts
-        computing: that compute."""
+        the pipeline, the extra wait of a batch claimed early, as the ones before it start
+        computing: a compute for each of the `ahead` batches an executor claims early."""
         with self._lock:
             base, per_item = self._fit.line()
             compute = self._compute(max_batch)
@@ -170,7 +170,7 @@ class LatencyModel:
                 rate=max_batch * 1000 / cycle if cycle > 0 else 0.0,
                 lag_ms=self._gap.value + compute + self._margin + self._return,
                 max_batch=max_batch,
-                extra_ms=compute if pipeline else 0.0,
+                extra_ms=compute * ahead if pipeline else 0.0,
             )
 
     def _compute(self, n: int) -> float:

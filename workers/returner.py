@@ -253,7 +253,9 @@ class Returner:
         owner = self.owner
         if not owner.settings.deadline_aware or not owner.latency.ready:
             return None
-        speed = owner.latency.speed(owner.max_batch, pipeline=owner.settings.pipeline)
+        speed = owner.latency.speed(
+            owner.max_batch, pipeline=owner.settings.pipeline, ahead=owner.batches_ahead
+        )
         fresh = time.monotonic() - self._published_at < REPUBLISH_S
         return None if fresh and speed.close_to(self._published) else speed
 
