@@ -51,6 +51,10 @@ class Settings:
     scale_down_window_s: float = 120.0
     scale_min_executors: int = 0
     scale_max_executors: int = 64
+    #: On Kubernetes, the coordinator keeps each worker pod's pod-deletion-cost at what
+    #: its executors hold, so a scale-in stops the idlest worker first (its service
+    #: account must be allowed to patch pods: compose/k8s). Outside a cluster: nothing.
+    pod_deletion_cost: bool = False
     #: The coordinator's Prometheus /metrics port; 0 serves none.
     metrics_port: int = 0
     #: How long results stay in Redis.

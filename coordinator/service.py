@@ -31,6 +31,7 @@ from tandem.broker.faults import Faults
 from tandem.broker.retry import Backoff, retry
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
+from tandem.coordinator.podcost import Cluster, PodCosts
 from tandem.coordinator.scaling import Reading, Signal
 
 log = logging.getLogger("tandem.coordinator")
@@ -65,6 +66,14 @@ class Coordinator:
         self.signals: dict[str, Signal] = {}  # per model
         #: Where a buried task's span goes, if this process traces (broker/tracing.py).
         self.tracer = tracing.tracer("tandem-coordinator")
+        #: Each worker pod's deletion cost, kept on Kubernetes when asked (podcost.py).
+        self.pod_costs: PodCosts | None = None
+        if settings.pod_deletion_cost:
+            cluster = Cluster.in_cluster()
+            if cluster is None:
+                log.warning("pod_deletion_cost is on, but this is not a Kubernetes pod: ignored")
+            else:
+                self.pod_costs = PodCosts(cluster)
 
     def __repr__(self) -> str:
         return (
@@ -194,9 +203,10 @@ class Coordinator:
         """Measure each model's demand and capacity and publish how many executors it
         wants (coordinator/scaling.py). Reads every executor of each model."""
         t_s, now_ms = time.monotonic(), self.table.now_ms()
-        readings = {}
+        readings, everyone = {}, []
         for model in self._models or self.table.models():
             live = [e for e in self.table.executors(model) if e.expires_ms > now_ms]
+            everyone += live
             counters = self.table.counters(model)
             waiting = (
                 self.table.l1_depth(model)
@@ -233,6 +243,8 @@ class Coordinator:
                 },
             )
             readings[model] = reading
+        if self.pod_costs is not None:
+            self.pod_costs.update(everyone)
         return readings
 
     def bury(self, limit: int = 100) -> int:

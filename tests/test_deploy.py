@@ -325,3 +325,20 @@ def test_the_tracing_overlay_traces_the_workers_gateway_and_coordinator_to_its_j
     jaeger = container(built, "jaeger")
     assert jaeger["image"] == compose["services"]["jaeger"]["image"]
     assert jaeger["args"] == compose["services"]["jaeger"]["command"]
+
+
+def test_the_coordinator_may_patch_pods_and_nothing_else_to_set_their_deletion_cost():
+    objects = manifests()
+    spec = objects["Deployment/tandem-coordinator"]["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "tandem-coordinator"
+    assert {"name": "TANDEM_POD_DELETION_COST", "value": "1"} in container(
+        objects, "tandem-coordinator"
+    )["env"]
+    assert objects["ServiceAccount/tandem-coordinator"]
+    (rule,) = objects["Role/tandem-pod-deletion-cost"]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+    binding = objects["RoleBinding/tandem-pod-deletion-cost"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tandem-coordinator"}]
+    assert binding["roleRef"]["name"] == "tandem-pod-deletion-cost"
+    # The worker's node name keeps its pod's hostname, which the coordinator reads.
+    assert "--hostname" not in container(objects, "tandem-worker")["command"]

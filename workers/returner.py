@@ -51,6 +51,7 @@ class Owner(Protocol):
     canvas: Canvas | None
     latency: LatencyModel
     max_batch: int
+    batches_ahead: int
     model: Any
 
     def tick(self) -> None: ...
