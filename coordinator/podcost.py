@@ -1,14 +1,16 @@
 """Which worker a Kubernetes scale-in stops: each worker pod's
 `controller.kubernetes.io/pod-deletion-cost` annotation, set by the coordinator from what
 the pod's executors hold, so the ReplicaSet deletes the idlest worker first (Kubernetes
-1.22 and later honour it). A worker with nothing in hand costs 0; one holding tasks costs
-how many, and the one computing a batch at least 1.
+1.22 and later honour it). A worker with nothing in hand costs 0; one holding n tasks
+costs n's bit length (1 for 1, 4 for 8 to 15), so the cost keeps the order of what pods
+hold but changes far less often than their counts do.
 
 A worker's pod is the host of its Celery node name (MODEL-PID@<host>): a pod's hostname is
-its name. The coordinator patches pods through the API server as its service account
-(compose/k8s: a Role that may get and patch pods), only when a pod's cost changed, and
-at most once per pod every MIN_INTERVAL_S. Off unless TANDEM_POD_DELETION_COST is set,
-and then only inside a cluster.
+its name. A thread of the coordinator patches pods through the API server as its service
+account (compose/k8s: a Role that may get and patch pods), only when a pod's cost
+changed, and at most once per pod every MIN_INTERVAL_S, so a slow API server never holds
+up the coordinator's loop. Off unless TANDEM_POD_DELETION_COST is set, and then only
+inside a cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,11 +35,13 @@ ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: The least time between two patches of one pod (s): a cost moves with every batch.
 MIN_INTERVAL_S = 5.0
+#: How long one patch may take before it counts as failed (s).
+TIMEOUT_S = 5.0
 
 
 def costs(executors: Iterable[ExecutorInfo]) -> dict[str, int]:
-    """Each worker pod's deletion cost: the tasks its live executors hold (L2 and
-    in-flight), at least 1 while one of them computes."""
+    """Each worker pod's deletion cost: the bit length of the tasks its live executors
+    hold (L2 and in-flight; at least one while one of them computes)."""
     out: dict[str, int] = {}
     for e in executors:
         pod = e.worker.rpartition("@")[2]
@@ -46,7 +51,7 @@ def costs(executors: Iterable[ExecutorInfo]) -> dict[str, int]:
         if e.state == "WORKING":
             held = max(held, 1)
         out[pod] = out.get(pod, 0) + held
-    return out
+    return {pod: held.bit_length() for pod, held in out.items()}
 
 
 class Cluster:
@@ -81,7 +86,7 @@ class Cluster:
                 "Content-Type": "application/merge-patch+json",
             },
         )
-        with urllib.request.urlopen(request, timeout=5, context=self.tls):
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.tls):
             pass
 
 
@@ -92,12 +97,35 @@ class PodCosts:
         self.cluster = cluster
         self._set: dict[str, tuple[int, float]] = {}  # pod -> (cost, when set)
         self.patched = 0
+        self._latest: dict[str, int] | None = None
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
 
-    def update(self, executors: Iterable[ExecutorInfo]) -> int:
+    def offer(self, executors: Iterable[ExecutorInfo]) -> None:
+        """The fleet as measured now, for the patching thread (started on the first
+        call): it takes the latest offer and drops any it had not got to."""
+        found = costs(executors)
+        with self._changed:
+            self._latest = found
+            self._changed.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pod costs", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._latest is not None)
+                found, self._latest = self._latest or {}, None
+            try:
+                self.update(found)
+            except Exception:  # noqa: BLE001 - a bug here never stops the coordinator
+                log.exception("setting the pods' deletion costs failed")
+
+    def update(self, found: dict[str, int]) -> int:
         """Patch each pod whose cost changed (not more often than MIN_INTERVAL_S); returns
         how many. A pod the API refuses (gone, not a pod of this namespace) is logged."""
         now, patched = time.monotonic(), 0
-        found = costs(executors)
         for pod, cost in found.items():
             last = self._set.get(pod)
             if last is not None and (last[0] == cost or now - last[1] < MIN_INTERVAL_S):

@@ -244,7 +244,7 @@ class Coordinator:
             )
             readings[model] = reading
         if self.pod_costs is not None:
-            self.pod_costs.update(everyone)
+            self.pod_costs.offer(everyone)
         return readings
 
     def bury(self, limit: int = 100) -> int:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import wait_until
 from tandem.broker.state import ExecutorInfo, State
 from tandem.broker.table import Table
 from tandem.coordinator import podcost
@@ -79,7 +80,8 @@ def test_a_pod_costs_what_its_executors_hold_and_the_idle_pod_nothing(r, setting
         client.submit_many("sim:1", [[n] for n in range(6)])  # all to L1: none is ready
     assert len(table.claim("busy/sim:1/a", "sim:1", 4)) == 4
     assert len(table.claim("busy/sim:1/b", "sim:1", 4)) == 2
-    assert costs(table.executors("sim:1")) == {"worker-busy": 6, "worker-idle": 0}
+    # 6 tasks held: cost 3 (6's bit length), where the idle pod costs 0.
+    assert costs(table.executors("sim:1")) == {"worker-busy": 3, "worker-idle": 0}
 
 
 def test_each_pod_is_patched_once_per_change_as_its_account(api, tmp_path, monkeypatch):
@@ -91,20 +93,22 @@ def test_each_pod_is_patched_once_per_change_as_its_account(api, tmp_path, monke
 
     pods = PodCosts(api.cluster(tmp_path))
     fleet = [executor("w@pod-a", "WORKING", 0), executor("w@pod-b", "IDLE", 0)]
-    assert pods.update(fleet) == 2
+    assert pods.update(costs(fleet)) == 2
     assert api.costs() == {"pod-a": "1", "pod-b": "0"}  # computing: at least 1
     path, headers, _ = api.patches[0]
     assert path == "/api/v1/namespaces/serving/pods/pod-a"
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["Content-Type"] == "application/merge-patch+json"
-    assert pods.update(fleet) == 0  # nothing changed: nothing sent
+    assert pods.update(costs(fleet)) == 0  # nothing changed: nothing sent
     fleet[1] = executor("w@pod-b", "WORKING", 9)
-    assert pods.update(fleet) == 0  # changed, but set under MIN_INTERVAL_S ago
+    assert pods.update(costs(fleet)) == 0  # changed, but set under MIN_INTERVAL_S ago
     monkeypatch.setattr(podcost, "MIN_INTERVAL_S", 0.0)
-    assert pods.update(fleet) == 1 and api.costs()["pod-b"] == "9"
+    assert pods.update(costs(fleet)) == 1 and api.costs()["pod-b"] == "4"  # 9: 4 bits
+    fleet[1] = executor("w@pod-b", "WORKING", 12)
+    assert pods.update(costs(fleet)) == 0  # 12 holds as many bits as 9: no patch
     api.gone.add("pod-c")  # a pod the API does not know: logged, tried again later
-    assert pods.update([*fleet, executor("w@pod-c", "IDLE", 0)]) == 0
-    assert pods.update([*fleet, executor("w@pod-c", "IDLE", 0)]) == 0
+    assert pods.update(costs([*fleet, executor("w@pod-c", "IDLE", 0)])) == 0
+    assert pods.update(costs([*fleet, executor("w@pod-c", "IDLE", 0)])) == 0
     assert [p for p, _, _ in api.patches].count("/api/v1/namespaces/serving/pods/pod-c") == 2
 
 
@@ -117,8 +121,8 @@ def test_the_coordinator_sets_the_costs_as_it_measures_the_fleet(r, settings, ap
     coordinator = Coordinator(settings.replace(pod_deletion_cost=True), client=r)
     assert coordinator.pod_costs is None  # not in a cluster: nothing to patch
     coordinator.pod_costs = PodCosts(api.cluster(tmp_path))
-    coordinator.scale()
-    assert api.costs() == {"pod-a": "2"}
+    coordinator.scale()  # hands the fleet to the patching thread
+    wait_until(lambda: api.costs() == {"pod-a": "2"}, 10, "pod-a's cost: 2 tasks held")
 
 
 @given(
@@ -150,7 +154,10 @@ def test_any_fleet_costs_what_it_holds(rows):
         for n, (worker, state, l2, inflight) in enumerate(rows)
     ]
     found = costs(fleet)
-    assert all(pod and cost >= 0 for pod, cost in found.items())
-    named = [e for e in fleet if e.worker.rpartition("@")[2]]
-    held = sum(max(e.l2_depth + e.inflight_depth, e.state == "WORKING") for e in named)
-    assert sum(found.values()) == held
+    pods: dict[str, int] = {}
+    for e in fleet:
+        if pod := e.worker.rpartition("@")[2]:
+            pods[pod] = pods.get(pod, 0) + max(e.l2_depth + e.inflight_depth, e.state == "WORKING")
+    assert set(found) == set(pods)
+    for pod, held in pods.items():  # 0 only when it holds nothing; more held, never less
+        assert found[pod] == 0 if held == 0 else 2 ** (found[pod] - 1) <= held < 2 ** found[pod]
