@@ -10,7 +10,8 @@ from test_stages import Sleepy, serve
 
 from helpers import wait_until
 from tandem.broker import keys
-from tandem.workers import prepare
+from tandem.broker.state import State
+from tandem.workers import compute, prepare
 
 
 class Recording(Sleepy):
@@ -27,7 +28,9 @@ class Recording(Sleepy):
 
 def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(settings, r, monkeypatch):
     # Only the check before the batch ahead ends can see the revoke: none at the start.
+    # It comes 0.3 s before that end, so a busy host's late wake-up still finds it ahead.
     monkeypatch.setattr(prepare, "REVOKES_FRESH_S", 60.0)
+    monkeypatch.setattr(compute, "RECHECK_LEAD_MS", 300.0)
     model = Recording()
     executor, heartbeat, client = serve(settings, r, model)
     checks: list[float] = []
@@ -43,6 +46,7 @@ def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(setting
         wait_until(lambda: executor.revocations, 10, "the heartbeat to see the record")
         warm = client.submit_many("staged:1", [0])  # the latency model learns a compute
         assert [x.get(timeout=30) for x in warm] == [0]
+        wait_until(lambda: executor.state == State.IDLE, 10, "IDLE again")
         results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
         # The first wakes the IDLE executor and computes alone; four more are claimed
         # early while it computes, and prepared.

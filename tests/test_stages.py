@@ -23,7 +23,7 @@ from tandem.broker.errors import BadInput
 from tandem.broker.state import State
 from tandem.broker.table import Table
 from tandem.producers.client import Client
-from tandem.workers import stages
+from tandem.workers import compute, stages
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
 from tandem.workers.models.loading import RepoModel
@@ -451,7 +451,7 @@ class TimedSim(SimModel):
 
 
 @pytest.mark.parametrize(
-    "costs, ahead", [((30.0, 30.0), True), ((5.0, 5.0), False)], ids=["long", "short"]
+    "costs, ahead", [((40.0, 40.0), True), ((2.0, 2.0), False)], ids=["long", "short"]
 )
 def test_the_batch_after_next_is_claimed_early_only_where_staging_nearly_fills_a_compute(
     settings, r, costs, ahead
@@ -485,9 +485,10 @@ def test_the_batch_after_next_is_claimed_early_only_where_staging_nearly_fills_a
     assert extra_ms == pytest.approx(compute_ms * executor.batches_ahead, rel=0.25)
 
 
-def test_a_stop_hands_back_the_batch_after_next_claimed_early_too(settings, r):
+def test_a_stop_hands_back_the_batch_after_next_claimed_early_too(settings, r, monkeypatch):
     """Stopped while N computes, N+1 is staged and N+2 claimed ahead: N is stored, and
     N+1 and N+2 go back to L1; every task is stored or in L1, none left in in-flight."""
+    monkeypatch.setattr(compute, "AHEAD_SHARE", 0.0)  # always two ahead, however busy the host
     model = TimedSim(collate_ms=30.0, copy_ms=30.0)
     forward, entered, go = model.forward, threading.Event(), threading.Event()
     calls = []

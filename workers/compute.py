@@ -35,7 +35,7 @@ DEVICE_START_S = 1.0
 #: the compute in hand (which, waiting for that copy, looks longer than it is).
 AHEAD_SHARE = 0.8
 #: How long (ms) before a pass should end the next batch is checked for revokes.
-RECHECK_LEAD_MS = 2.0
+RECHECK_LEAD_MS = 5.0
 
 
 class Mean:

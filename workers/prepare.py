@@ -29,7 +29,7 @@ HELD_PER_SLOT = 8
 HELD_MIN = 256
 #: A batch prepared early whose tasks were checked for revokes this recently (s) is not
 #: checked again as it starts (compute.py checks it just before the batch ahead ends).
-REVOKES_FRESH_S = 0.005
+REVOKES_FRESH_S = 0.02
 
 
 class Preparer:
