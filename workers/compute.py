@@ -17,7 +17,7 @@ from tandem.broker.settings import Settings
 from tandem.broker.state import Batch, State
 from tandem.workers.computed import Computed
 from tandem.workers.device import Pass, forward, forward_serially, forward_staged
-from tandem.workers.latency import LatencyModel
+from tandem.workers.latency import LatencyModel, Mean
 from tandem.workers.models import Model
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
@@ -36,20 +36,6 @@ DEVICE_START_S = 1.0
 AHEAD_SHARE = 0.8
 #: How long (ms) before a pass should end the next batch is checked for revokes.
 RECHECK_LEAD_MS = 5.0
-
-
-class Mean:
-    """A moving mean (ms) of the last few values, 0 before any."""
-
-    WEIGHT = 0.2
-
-    def __init__(self) -> None:
-        self.value = 0.0
-        self._seen = False
-
-    def add(self, value: float) -> None:
-        self.value = value if not self._seen else self.value + self.WEIGHT * (value - self.value)
-        self._seen = True
 
 
 class Computes:
@@ -196,8 +182,8 @@ class Computes:
         one should end, and stage it (or take the one claimed ahead during the last
         compute). Then, where claiming and staging a batch take nearly as long as
         computing one, claim and prepare the batch after it too, to be staged as soon as
-        the next one starts. An
-        error is returned, to be raised once this batch is handed over."""
+        the next one starts. An error is returned, to be raised once this batch is handed
+        over."""
         ends = (self.latency.compute_ms(n) + self.latency.gap_ms) / 1000
         early, self._ahead = self._ahead, None
         try:

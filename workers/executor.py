@@ -39,10 +39,10 @@ from tandem.broker.signals import FullSignal
 from tandem.broker.state import Batch, State, StrEnum
 from tandem.broker.table import Table
 from tandem.workers.canvas import Canvas
-from tandem.workers.compute import Computes, Mean
+from tandem.workers.compute import Computes
 from tandem.workers.computed import Computed
 from tandem.workers.hooks import Hook, Logs
-from tandem.workers.latency import LatencyModel
+from tandem.workers.latency import LatencyModel, Mean
 from tandem.workers.models import Model, describe, options
 from tandem.workers.prepare import Preparer
 from tandem.workers.returner import Returner
