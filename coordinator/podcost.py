@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import ssl
 import threading
 import time
@@ -37,6 +38,16 @@ ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MIN_INTERVAL_S = 5.0
 #: How long one patch may take before it counts as failed (s).
 TIMEOUT_S = 5.0
+#: A pod's name: a DNS subdomain (RFC 1123), as Kubernetes requires.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+POD_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+
+
+def pod_of(worker: str) -> str | None:
+    """The pod of a worker's node name: its host, if that can name a pod (a DNS
+    subdomain); None if not. It goes into an API path, and Redis is anyone's to write."""
+    host = worker.rpartition("@")[2]
+    return host if POD_NAME.fullmatch(host) else None
 
 
 def costs(executors: Iterable[ExecutorInfo]) -> dict[str, int]:
@@ -44,8 +55,8 @@ def costs(executors: Iterable[ExecutorInfo]) -> dict[str, int]:
     hold (L2 and in-flight; at least one while one of them computes)."""
     out: dict[str, int] = {}
     for e in executors:
-        pod = e.worker.rpartition("@")[2]
-        if not pod:
+        pod = pod_of(e.worker)
+        if pod is None:
             continue
         held = e.l2_depth + e.inflight_depth
         if e.state == "WORKING":

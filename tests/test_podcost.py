@@ -16,7 +16,7 @@ from helpers import wait_until
 from tandem.broker.state import ExecutorInfo, State
 from tandem.broker.table import Table
 from tandem.coordinator import podcost
-from tandem.coordinator.podcost import ANNOTATION, Cluster, PodCosts, costs
+from tandem.coordinator.podcost import ANNOTATION, Cluster, PodCosts, costs, pod_of
 from tandem.coordinator.service import Coordinator
 from tandem.producers.client import Client
 
@@ -128,7 +128,9 @@ def test_the_coordinator_sets_the_costs_as_it_measures_the_fleet(r, settings, ap
 @given(
     st.lists(
         st.tuples(
-            st.text(max_size=20),
+            st.one_of(
+                st.text(max_size=20), st.from_regex(r"sim-[0-9]@[a-z0-9-]{0,12}", fullmatch=True)
+            ),
             st.sampled_from(["IDLE", "WAITING", "WORKING", "STOPPING", ""]),
             st.integers(0, 10_000),
             st.integers(0, 10_000),
@@ -137,6 +139,8 @@ def test_the_coordinator_sets_the_costs_as_it_measures_the_fleet(r, settings, ap
     )
 )
 def test_any_fleet_costs_what_it_holds(rows):
+    """Any node names and depths: a pod's cost orders what it holds, and only a name
+    Kubernetes could give a pod becomes one (it goes into the API's path)."""
     fleet = [
         ExecutorInfo(
             id=str(n),
@@ -156,8 +160,9 @@ def test_any_fleet_costs_what_it_holds(rows):
     found = costs(fleet)
     pods: dict[str, int] = {}
     for e in fleet:
-        if pod := e.worker.rpartition("@")[2]:
+        if pod := pod_of(e.worker):
             pods[pod] = pods.get(pod, 0) + max(e.l2_depth + e.inflight_depth, e.state == "WORKING")
     assert set(found) == set(pods)
+    assert all(podcost.POD_NAME.fullmatch(pod) and "/" not in pod for pod in found)
     for pod, held in pods.items():  # 0 only when it holds nothing; more held, never less
         assert found[pod] == 0 if held == 0 else 2 ** (found[pod] - 1) <= held < 2 ** found[pod]
