@@ -22,7 +22,7 @@ def buried(tracer: Any, task: Task, error: PoisonMessage, executors: list[str]) 
     context = _W3C.extract(task.trace) if task.trace else None
     queue = task.queue or task.model or ""
     now = time.time()
-    sent = task.sent_at if task.sent_at is not None and task.sent_at <= now else now
+    sent = task.sent_at if task.sent_at is not None and 0 <= task.sent_at <= now else now
     span = tracer.start_span(
         f"process {queue}", context=context, kind=SpanKind.CONSUMER, start_time=int(sent * 1e9)
     )
