@@ -107,7 +107,6 @@ class PodCosts:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._set: dict[str, tuple[int, float]] = {}  # pod -> (cost, when set)
-        self.patched = 0
         self._latest: dict[str, int] | None = None
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -151,5 +150,4 @@ class PodCosts:
             patched += 1
         for pod in set(self._set) - set(found):
             del self._set[pod]
-        self.patched += patched
         return patched

@@ -61,7 +61,7 @@ def test_every_tandem_service_shares_the_env_file(compose):
     )
     assert env["TANDEM_REDIS_URL"] == "redis://redis:6379/0"
     for name in TANDEM_SERVICES:  # the same file as the Kubernetes ConfigMap's
-        assert compose["services"][name]["env_file"] == ["k8s/tandem.env", "tracing.env"]
+        assert compose["services"][name]["env_file"] == ["k8s/tandem.env", "tracing/tracing.env"]
         assert compose["services"][name]["build"]["dockerfile"] == "compose/Dockerfile"
     assert (COMPOSE / "Dockerfile").exists()
 
@@ -234,7 +234,7 @@ def test_the_readme_snippet_for_your_own_models_fits_a_worker(compose):
 def test_every_tandem_service_traces_to_the_jaeger_service(compose):
     env = dict(
         line.split("=", 1)
-        for line in (COMPOSE / "tracing.env").read_text().splitlines()
+        for line in (COMPOSE / "tracing" / "tracing.env").read_text().splitlines()
         if line and not line.startswith("#")
     )
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import redis
 from test_stages import Sleepy, serve
 
 from helpers import wait_until
@@ -62,3 +63,37 @@ def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(setting
     spans = {key: (started, ended) for key, started, ended in model.spans["compute"]}
     (_, ahead_ended), (following_started, _) = spans[1], spans[2]
     assert not [t for t in checks if ahead_ended < t < following_started]
+
+
+def test_a_redis_error_in_the_early_revoke_check_loses_no_computed_batch(settings, r):
+    """The check before the batch ahead ends meets a Redis error: that batch is stored
+    once, never computed again, and the next one is checked as it starts instead."""
+    model = Recording()
+    executor, heartbeat, client = serve(settings, r, model)
+    revoked, during, failed = executor.table.revoked, [], []
+
+    def failing_once(task_ids):
+        # While batch 1 computes: the early claim's check, then the one before it ends.
+        if executor.computing():
+            during.append(task_ids)
+            if len(during) == 2 and not failed:
+                failed.append(task_ids)
+                raise redis.ConnectionError("injected: the connection dropped")
+        return revoked(task_ids)
+
+    try:
+        client.revoke("a-task-of-nobody")  # a revocation record about: every batch checks
+        warm = client.submit_many("staged:1", [0])
+        assert [x.get(timeout=30) for x in warm] == [0]
+        wait_until(lambda: executor.state == State.IDLE, 10, "IDLE again")
+        executor.table.revoked = failing_once
+        results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
+        wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "the early claim")
+        client.revoke(results[2].id)
+        values = [x.get(timeout=30, propagate=False) for x in results]
+    finally:
+        client.close(), heartbeat.stop(), executor.stop()
+    assert failed  # the error was met
+    assert results[2].state == "REVOKED" and 3 not in model.computed
+    assert values[:2] == [2, 4] and values[3:] == [8, 10]
+    assert sorted(model.computed) == [0, 1, 2, 4, 5]  # each computed once

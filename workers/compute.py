@@ -11,6 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+import redis
+
 from tandem.broker import message
 from tandem.broker.errors import ModelError, one_line
 from tandem.broker.settings import Settings
@@ -173,8 +175,12 @@ class Computes:
             until = began + (self.latency.compute_ms(n) - RECHECK_LEAD_MS) / 1000
             wait([computing], timeout=max(0.0, until - time.monotonic()))
             if not computing.done():
-                self._prepare.recheck(following.tasks, revocations=True)
-                following.revokes_checked = time.monotonic()
+                try:
+                    self._prepare.recheck(following.tasks, revocations=True)
+                    following.revokes_checked = time.monotonic()
+                except redis.RedisError as e:
+                    # Checked as it starts instead, once the batch in hand is stored.
+                    log.info("executor %s: revoke check deferred (%s)", self.id, e)
         return computing.result()
 
     def _claim_early(self, started_at: float, n: int) -> tuple[Batch, Exception | None]:
