@@ -2,15 +2,16 @@
 
 Each model has one hash, keys.metrics(model), with counters that only grow:
 ``route:L1`` and ``route:L2`` (route.lua), ``shed:submit`` (tasks route.lua refused as
-Overloaded), ``refused:full`` (refused as QueueFull), and from each batch (complete.lua,
-with the counters the executor's hooks give) ``outcome:SUCCESS|FAILURE``,
-``failure:<reason>`` (``failure:DeadlineExceeded`` counts the tasks shed at claim),
-``deadline:met`` (successes stored by their deadline, or with none: the goodput),
-``deadline:missed`` (successes stored after it), and per histogram ``<name>:<bucket>``
-(non-cumulative), ``<name>:sum`` and ``<name>:count``. A model with stages
-(workers/stages.py) adds one histogram per host stage; ``compute_ms`` is then its forward
-pass alone, and its sum over time the device's busy time. The coordinator's exporter serves
-them to Prometheus.
+Overloaded), ``refused:full`` (refused as QueueFull), ``stored`` (tasks answered, added
+by complete.lua with their results), and from each batch (the counters the executor's
+hooks give, sent by count.lua after the results, several batches at a time)
+``outcome:SUCCESS|FAILURE``, ``failure:<reason>`` (``failure:DeadlineExceeded`` counts the
+tasks shed at claim), ``deadline:met`` (successes stored by their deadline, or with none:
+the goodput), ``deadline:missed`` (successes stored after it), and per histogram
+``<name>:<bucket>`` (non-cumulative), ``<name>:sum`` and ``<name>:count``. A model with
+stages (workers/stages.py) adds one histogram per host stage; ``compute_ms`` is then its
+forward pass alone, and its sum over time the device's busy time. The coordinator's
+exporter serves them to Prometheus.
 """
 
 from __future__ import annotations

@@ -203,12 +203,17 @@ class Steps(Runner):
         counters: Mapping[str, float] | None = None,
         speed: Speed | None = None,
         count_later: bool = False,
+        wake_first: bool = False,
     ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id.
         counters: the batch's metrics, added to the model's metrics hash in the same step.
         speed: the executor's latency model, published with them (needs `model`).
-        count_later: the results alone; count_batch() adds the batch's bookkeeping after."""
+        count_later: the results alone; count_batch() adds the batch's bookkeeping after.
+        wake_first: the producers waiting for these results are woken before this caller
+        (DirectCalls.script's `publishes`), for a store on the task's path at low load.
+        Returns the batch's size, negated when the call stored nothing new and found none
+        of its tasks in in-flight (a retry, a task answered already): nothing to count."""
         s = self.settings
         if count_later:
             batch: list = ["", *NO_SPEED]
@@ -227,8 +232,6 @@ class Steps(Runner):
         for entry in entries:
             args.extend(entry)
         script_keys = _complete_keys(executor_id, model, speed is not None)
-        # Alone (low load), the results go out with the producers woken before this
-        # executor (DirectCalls.script's `publishes`): the executor's counts come after.
         return self._held(
             "complete",
             lambda then: self.direct.script(
@@ -236,7 +239,7 @@ class Steps(Runner):
                 script_keys,
                 args,
                 then=then,
-                publishes=count_later,
+                publishes=wake_first,
                 same=len(script_keys) + same,
             ),
             holds=bool,
@@ -248,12 +251,14 @@ class Steps(Runner):
         model: str,
         tasks: int,
         *,
+        batches: int = 1,
         counters: Mapping[str, float] | None = None,
         speed: Speed | None = None,
     ) -> None:
-        """A batch's bookkeeping, after complete(count_later=True) stored its results: its
-        metrics counters, its tasks and itself in the executor's counts, and the latency
-        model when given. Sent once: a lost reply may lose these counts, never double them."""
+        """The bookkeeping of batches whose results complete(count_later=True) stored:
+        their metrics counters, them and their tasks in the executor's counts, and the
+        latency model when given. Sent once: a lost reply may lose these counts, never
+        double them."""
         script_keys = pack(
             lay.CountKeys(
                 executor=keys.executor(executor_id),
@@ -261,7 +266,9 @@ class Steps(Runner):
                 speed=[keys.speed(model)] if speed is not None else [],
             )
         )
-        args = pack(lay.CountArgs(tasks=tasks, bookkeeping=bookkeeping(counters, speed)))
+        args = pack(
+            lay.CountArgs(tasks=tasks, batches=batches, bookkeeping=bookkeeping(counters, speed))
+        )
         self._step(
             "count", lambda: self.direct.script(self.scripts.count, script_keys, args, once=True)
         )

@@ -213,9 +213,16 @@ class Coordinator:
                 + self.table.retry_depth(model)
                 + sum(e.l2_depth + e.inflight_depth for e in live)
             )
-            arrived = waiting + sum(
-                counters.get(field, 0.0)
-                for field in ("outcome:SUCCESS", "outcome:FAILURE", "shed:submit", "refused:full")
+            # Tasks answered: `stored`, added with their results; the outcomes come a
+            # little later (workers/returner.py), and alone from workers before `stored`.
+            answered = max(
+                counters.get("stored", 0.0),
+                counters.get("outcome:SUCCESS", 0.0) + counters.get("outcome:FAILURE", 0.0),
+            )
+            arrived = (
+                waiting
+                + answered
+                + sum(counters.get(field, 0.0) for field in ("shed:submit", "refused:full"))
             )
             signal = self.signals.get(model)
             if signal is None:  # the last known capacity, from before this coordinator

@@ -65,8 +65,17 @@ def test_up_scales_out_under_load_and_back_in_after_losing_nothing(tmp_path):
         assert len(answered) == len(accepted)
         stats = Table(r).stats()
         assert stats.get("duplicates", 0) == 0  # exactly once
-        counters = Table(r).counters("sim:1")
-        assert counters["outcome:SUCCESS"] + counters.get("outcome:FAILURE", 0) == len(accepted)
+        wait_until(
+            lambda: (
+                sum(
+                    Table(r).counters("sim:1").get(f"outcome:{o}", 0)
+                    for o in ("SUCCESS", "FAILURE")
+                )
+                == len(accepted)
+            ),
+            10,
+            "every accepted task counted once",
+        )
         logs = (tmp_path / ".tandem" / "logs").glob("worker*.log")
         stopped = [p for p in logs if "stopped; handed" in p.read_text()]
         assert len(stopped) == 2  # each retired warmly

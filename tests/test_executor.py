@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from helpers import wait_until
@@ -11,6 +13,7 @@ from tandem.broker.faults import Faults
 from tandem.broker.state import TRANSITIONS, State
 from tandem.broker.table import Table
 from tandem.producers.client import Client
+from tandem.workers import returner
 from tandem.workers.executor import Executor
 from tandem.workers.heartbeat import Heartbeat
 from tandem.workers.hooks import Metrics
@@ -131,10 +134,13 @@ def test_every_state_change_in_the_stream_is_one_the_transition_table_allows(set
 
 
 @pytest.mark.parametrize("lost", [0, 2], ids=["counted", "a count lost"])
-def test_at_low_load_each_batch_is_counted_once_after_its_results(settings, r, lost):
+def test_at_low_load_each_batch_is_counted_once_after_its_results(
+    settings, r, lost, monkeypatch, caplog
+):
     """A task that wakes an IDLE executor has its result stored alone; the batch's
     counters follow in count.lua, once each. A Redis error on that call (lost: the nth
-    count fails) loses that batch's counts and nothing else: no restart, no task."""
+    count fails) loses the counts it carried and nothing else: no restart, no task."""
+    monkeypatch.setattr(returner, "COUNT_EVERY_S", 0.0)  # a count per batch
     spec = f"count:before:{lost}" if lost else ""
     table = Table(r, faults=Faults(spec))
     settings = settings.replace(max_wait_ms=0.0)
@@ -160,3 +166,62 @@ def test_at_low_load_each_batch_is_counted_once_after_its_results(settings, r, l
     metrics = r.hgetall(keys.metrics("sim:1"))
     assert metrics[b"outcome:SUCCESS"] == str(counted).encode()
     assert metrics[b"route:L2"] == str(done).encode()
+
+
+def test_under_load_the_counts_of_many_batches_go_together_and_once(settings, r):
+    """Each batch's bookkeeping is owed, and sent at most every COUNT_EVERY_S, and once
+    the executor has nothing else to store: every counter arrives, exactly once, in far
+    fewer count.lua calls than batches."""
+    r.config_set("slowlog-log-slower-than", 0)
+    r.config_set("slowlog-max-len", 100000)
+    r.slowlog_reset()
+    table = Table(r)
+    settings = settings.replace(max_wait_ms=0.0, max_batch=4)
+    executor = Executor(
+        "sim:1", SimModel(5, 0), table=table, settings=settings, worker="t", hooks=[Metrics()]
+    )
+    executor.start()
+    tasks = 200
+    try:
+        wait_until(lambda: executor.state == State.IDLE, 10, "IDLE")
+        started = time.monotonic()
+        with Client(settings=settings) as client:
+            results = client.submit_many("sim:1", [[n] for n in range(tasks)])
+            assert [res.get(timeout=30) for res in results] == [[n] for n in range(tasks)]
+        wait_until(
+            lambda: r.hget(keys.executor(executor.id), "tasks") == str(tasks).encode(),
+            10,
+            "the owed counts, sent once the executor is idle",
+        )
+        elapsed = time.monotonic() - started
+        batches = executor.batches
+        assert r.hget(keys.executor(executor.id), "batches") == str(batches).encode()
+    finally:
+        executor.stop()
+    metrics = r.hgetall(keys.metrics("sim:1"))
+    assert metrics[b"outcome:SUCCESS"] == str(tasks).encode()
+    assert metrics[b"batch_size:count"] == str(batches).encode()
+    sha = table.scripts.count.sha.encode()
+    calls = sum(1 for e in r.slowlog_get(100000) if e["command"].split()[1:2] == [sha])
+    assert batches >= tasks / 4 and calls < batches
+    assert calls <= 2 + elapsed / returner.COUNT_EVERY_S
+
+
+def test_a_stopped_executor_sends_the_counts_it_owes(settings, r, monkeypatch):
+    """A stop (scale-in) sends the bookkeeping still owed before the executor ends."""
+    monkeypatch.setattr(returner, "COUNT_EVERY_S", 3600.0)  # only the first batch's goes
+    settings = settings.replace(max_wait_ms=0.0, max_batch=4)
+    executor = Executor(
+        "sim:1", SimModel(2, 0), table=Table(r), settings=settings, worker="t", hooks=[Metrics()]
+    )
+    executor.start()
+    try:
+        with Client(settings=settings) as client:
+            results = client.submit_many("sim:1", [[n] for n in range(40)])
+            assert [res.get(timeout=30) for res in results] == [[n] for n in range(40)]
+        assert int(r.hget(keys.metrics("sim:1"), "outcome:SUCCESS") or 0) < 40
+        assert r.hget(keys.metrics("sim:1"), "stored") == b"40"  # counted with the results
+    finally:
+        executor.stop()
+    assert r.hget(keys.metrics("sim:1"), "outcome:SUCCESS") == b"40"
+    assert r.hget(keys.executor(executor.id), "tasks") in (None, b"40")  # gone, or counted

@@ -384,6 +384,7 @@ def test_complete_adds_the_batch_metrics_in_the_same_step(table, r):
         table.complete("a", [entry], model=MODEL, counters=counts)
     assert r.hgetall(keys.metrics(MODEL)) == {
         b"route:L1": b"2",
+        b"stored": b"2",
         b"outcome:SUCCESS": b"2",
         b"compute_ms:sum": b"5",
     }
@@ -413,6 +414,7 @@ def test_results_stored_alone_then_counted_end_as_one_complete_would(table, r):
             assert r.get(keys.result(task_id)) == entry[2].encode()
             assert r.llen(keys.inflight(executor_id)) == 0
             assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") is None
+            assert r.hget(keys.metrics(MODEL), "stored") == b"1"  # with the results
             assert r.hget(keys.executor(executor_id), "batches") in (None, b"0")
             assert not r.exists(keys.speed(MODEL))
             table.count_batch(executor_id, MODEL, 1, counters=counts, speed=speed)
@@ -455,7 +457,9 @@ def test_complete_run_again_changes_nothing(table, r):
     with r.pubsub() as published:
         published.psubscribe(f"{keys.RESULT_PREFIX}*")
         assert published.get_message(timeout=5)["type"] == "psubscribe"
-        assert table.complete("a", entries, model=MODEL, counters=counts) == 3
+        # Negated: the second run found nothing to store or drop, so nothing to count.
+        assert table.complete("a", entries, model=MODEL, counters=counts) == -3
+        assert table.complete("a", entries, count_later=True) == -3
         assert published.get_message(timeout=0.2) is None
     assert {k: r.dump(k) for k in r.keys("*")} == before
     assert r.llen(keys.DEAD) == 1 and r.hget(keys.STATS, "duplicates") is None

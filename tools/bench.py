@@ -77,11 +77,11 @@ def run_point(
             try:
                 warm, _ = point.submit([make(n) for n in range(WARMUP_TASKS)])
                 recorder.wait(len(warm), 60, point.check)
-                tasks0, batches0 = point.counters()
+                tasks0, batches0 = point.counters(at_least=len(warm))
                 due = drive(point, arrivals(rate, seconds, seed), make)
                 send_end = max(due.values(), default=time.time())
-                recorder.wait(len(warm) + len(due), drain_s, point.check)
-                tasks1, batches1 = point.counters()
+                answered = recorder.wait(len(warm) + len(due), drain_s, point.check)
+                tasks1, batches1 = point.counters(at_least=answered)
                 point.stop_workers()
                 queued = point.queued()
             finally:

@@ -24,11 +24,10 @@ from typing import Any
 
 import redis
 
-from tandem.broker import keys
 from tandem.broker.settings import Settings
 from tandem.producers.client import Client
 from tandem.stack import Stack
-from tandem.tools.harness import Recorder, Report, burst_rate
+from tandem.tools.harness import Recorder, Report, burst_rate, counted
 
 STAGES = ("collate", "copy_in", "compute", "copy_out", "split")
 #: sim: a 20 ms compute per batch of 32 (1,600 tasks/s), host stages of (collate, copy) ms.
@@ -52,10 +51,10 @@ def burst(
         try:
             sent = producer.submit_many(model, warm)
             recorder.wait(len(sent), 120, stack.check)
-            before = _counters(client, model)
+            before = counted(client, model, len(sent))
             results = producer.submit_many(model, inputs)
             recorder.wait(len(sent) + len(results), 600, stack.check)
-            after = _counters(client, model)
+            after = counted(client, model, len(sent) + len(results))
         finally:
             arrived = recorder.collect()
             producer.close()
@@ -80,11 +79,6 @@ def burst(
         "period_ms": round(mean_batch * 1000 / rate, 2) if rate else None,
         "stages_ms": means,
     }
-
-
-def _counters(client: redis.Redis, model: str) -> dict[str, float]:
-    found: dict[bytes, bytes] = client.hgetall(keys.metrics(model))  # type: ignore[assignment]
-    return {k.decode(): float(v) for k, v in found.items()}
 
 
 def sim_rows(settings: Settings, quick: bool) -> list[dict[str, Any]]:

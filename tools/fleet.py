@@ -154,7 +154,7 @@ def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, A
     try:
         first, _ = point.submit([[0]])
         _wait(Stored(point.redis, first), 60)
-        done0, batches0 = point.counters()
+        done0, batches0 = point.counters(at_least=1)
         pids = [process.pid for process in point.processes]
         workers0, producer0 = sum(map(process_cpu_s, pids)), time.process_time()
         meter = RedisMeter(point.redis).start()
@@ -163,7 +163,7 @@ def overhead(system: str, tasks: int, workers: int, folder: Path) -> dict[str, A
             ids += point.submit([[n] for n in range(start, min(start + 256, tasks))])[0]
         _wait(Stored(point.redis, ids), 300)
         m = meter.read()
-        done, batches = point.counters()
+        done, batches = point.counters(at_least=1 + len(ids))
         # What the workers still do for these tasks (their bookkeeping, exporting their
         # spans when traced) counts as theirs: read once their CPU stops moving.
         workers_s = settled_cpu_s(pids) - workers0

@@ -28,6 +28,7 @@ from tandem.broker import keys
 from tandem.broker.settings import load_settings
 from tandem.producers.client import Client
 from tandem.stack import Stack
+from tandem.tools.harness import counted
 from tandem.workers import stages
 from tandem.workers.models.repository import Repository
 
@@ -67,13 +68,13 @@ def run(device: str, model: str, max_batch: int, staging: bool, batches: int, fo
     with Stack(settings, workers=1, data_dir=data) as stack, Client(settings=stack.settings) as c:
         for result in c.submit_many(model, inputs(model, max_batch)):
             result.get(timeout=300)
+        counted(c.redis, model, max_batch)  # the warm-up's counts in, before they go
         c.redis.delete(keys.metrics(model))
         started = time.perf_counter()
         for result in c.submit_many(model, inputs(model, tasks)):
             result.get(timeout=600)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        raw: dict[bytes, bytes] = c.redis.hgetall(keys.metrics(model))  # type: ignore[assignment]
-    m = {k.decode(): float(v) for k, v in raw.items()}
+        m = counted(c.redis, model, tasks)
     count = max(m.get("batch_size:count", 1), 1)
     device_ms = m.get("device_ms:sum")
     return {

@@ -181,11 +181,17 @@ class Point:
         ]
         return sent, 0
 
-    def counters(self) -> tuple[int, int]:
-        """(tasks, batches) computed so far."""
+    def counters(self, at_least: int = 0, timeout_s: float = 5.0) -> tuple[int, int]:
+        """(tasks, batches) computed so far, once at least `at_least` tasks are counted or
+        timeout_s passed: tandem's workers count their batches after the results."""
         if self.client is not None:
-            rows = self.client.table.executors()
-            return sum(r.tasks for r in rows), sum(r.batches for r in rows)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                rows = self.client.table.executors()
+                tasks = sum(r.tasks for r in rows)
+                if tasks >= at_least or time.monotonic() > deadline:
+                    return tasks, sum(r.batches for r in rows)
+                time.sleep(0.02)  # polling Redis for the counts, bounded above
         from tandem.tools import baselines
 
         tasks, batches = self.redis.mget(baselines.TASKS, baselines.BATCHES)
@@ -430,6 +436,19 @@ def percentile(values: Sequence[float], p: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def counted(client: redis.Redis, model: str, tasks: int, timeout_s: float = 10.0) -> dict:
+    """The model's metrics counters, once they count `tasks` outcomes or timeout_s passed:
+    a worker adds a batch's counters after its results (workers/returner.py)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        raw: dict[bytes, bytes] = client.hgetall(keys.metrics(model))  # type: ignore[assignment]
+        found = {k.decode(): float(v) for k, v in raw.items()}
+        outcomes = found.get("outcome:SUCCESS", 0) + found.get("outcome:FAILURE", 0)
+        if outcomes >= tasks or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)  # polling Redis for the counts, bounded above
 
 
 def burst_rate(times: Sequence[float]) -> float:

@@ -26,6 +26,9 @@ class Computed:
     #: Its results are stored already (Returner.store_now, at low load): what is left is
     #: its bookkeeping (count.lua), the canvas's next steps and the hooks.
     results_out: bool = False
+    #: Its store took effect (a task of it was in in-flight, or a result stored anew), so
+    #: its bookkeeping is owed; False for a retry or a batch answered already.
+    counts: bool = True
     #: A staged batch whose outputs are still to be copied out and split, with the
     #: indices of the tasks computed (workers/stages.py); None once they are outputs.
     pending: Any = None

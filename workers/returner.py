@@ -1,13 +1,17 @@
 """The return stage, on the returner thread: store each computed batch's results (one
-complete.lua call, with the hooks' metrics counters and, when it moved, the executor's
-latency model), run Celery's canvas steps around it, and tell the hooks. The slot
+complete.lua call), run Celery's canvas steps around it, and tell the hooks. The slot
 holds one batch, so batch N is stored while N+1 computes. A store that fails ends the
 thread; the executor thread sees that and restarts, handing the batch's tasks back (a
 crash, never a stall).
 
-At low load the executor thread stores a batch's results itself (store_now), alone, and
-hands the rest to this thread: the counters and latency model (count.lua), the canvas's
-next steps, the hooks. So only the results are on the task's path."""
+At low load the executor thread stores a batch's results itself (store_now) and hands
+the rest to this thread: the canvas's next steps, the hooks, the bookkeeping.
+
+The bookkeeping (the hooks' metrics counters, the executor's counts and, when it moved,
+its latency model) is owed by each stored batch and sent in one count.lua call at most
+every COUNT_EVERY_S, and once this thread has nothing else to do: a batch's 15 or so
+counters cost Redis more than its results do, and folded over the batches of a quarter
+second they cost it little. Only the results are on the task's path."""
 
 from __future__ import annotations
 
@@ -17,8 +21,6 @@ import threading
 import time
 from collections import Counter
 from typing import Any, Protocol
-
-import redis
 
 from tandem.broker import deadletter, keys, message, results
 from tandem.broker.errors import ExecutorCrashed, ModelError, Revoked, one_line
@@ -37,6 +39,9 @@ log = logging.getLogger("tandem.executor")
 #: The latency model is published again at least this often (s) while batches are stored,
 #: and sooner when its rate or lag moved by more than 2 %.
 REPUBLISH_S = 1.0
+#: The owed bookkeeping of stored batches is sent at most this often (s). A scrape or the
+#: coordinator sees counters this much later; a crash loses at most this much of them.
+COUNT_EVERY_S = 0.25
 
 
 class Owner(Protocol):
@@ -65,6 +70,10 @@ class Returner:
         self.error: BaseException | None = None
         self._published: Speed | None = None  # the latency model as last published
         self._published_at = 0.0  # monotonic s
+        self._owed = Counter()  # metrics counters of the batches stored since the last count
+        self._owed_tasks = 0
+        self._owed_batches = 0
+        self._counted_at = -COUNT_EVERY_S  # monotonic s: the first batch is counted at once
         self._slot: queue.Queue[Computed | None] = queue.Queue(maxsize=1)
         self._ended = False  # the thread's loop has returned
         self._thread = threading.Thread(
@@ -101,7 +110,7 @@ class Returner:
         self.check()
         self.drain()
         try:
-            self._put(done, count_later=True)
+            self._put(done, wake_first=True)
         except Exception as e:  # noqa: BLE001 - reported as the returner thread reports it
             self._failed(e)
             raise ExecutorCrashed(f"storing results failed: {type(e).__name__}: {e}") from e
@@ -131,9 +140,14 @@ class Returner:
     def _serve(self) -> None:
         self.owner.table.patience(self.owner.tick, None)  # close() bounds a wait on stop
         while True:
-            done = self._slot.get()
+            try:
+                done = self._slot.get(timeout=self._count_in())
+            except queue.Empty:
+                self._count()  # nothing to store: what is owed goes now
+                continue
             try:
                 if done is None:
+                    self._count()
                     return
                 self._store(done)
             except Exception as e:  # noqa: BLE001 - reported to the executor thread
@@ -153,18 +167,22 @@ class Returner:
         )
 
     def _store(self, done: Computed) -> None:
-        """Store a batch's results with its bookkeeping, then what follows them; a batch
-        whose results are out already (store_now) has only its bookkeeping left."""
-        if done.results_out:
-            self._count(done)
-        else:
-            self._put(done, count_later=False)
+        """Store a batch's results unless they are out already (store_now), then what
+        follows them; its bookkeeping is owed, and sent once due."""
+        if not done.results_out:
+            self._put(done)
             self.owner.stored(done)
         self._after(done)
+        if done.counts:
+            self._owed.update(self._counters(done))
+            self._owed_tasks += len(done.tasks)
+            self._owed_batches += 1
+        if self._count_in() == 0:
+            self._count()
 
-    def _put(self, done: Computed, *, count_later: bool) -> None:
-        """The results in one complete.lua call, canvas steps first, as in Celery.
-        count_later: the results alone, for _count() to add the bookkeeping after."""
+    def _put(self, done: Computed, *, wake_first: bool = False) -> None:
+        """The results in one complete.lua call, canvas steps first, as in Celery; the
+        bookkeeping is sent after (_count). wake_first: see Steps.complete."""
         owner = self.owner
         if done.pending is not None:
             self._finish(done)
@@ -172,20 +190,16 @@ class Returner:
             canvas.before_store(task, done.outputs.get(n))
         entries = [self._entry(n, task, done.outputs) for n, task in enumerate(done.tasks)]
         done.stored_at = time.time()
-        counts = None if count_later else self._counters(done)
-        speed = None if count_later else self._speed()
-        retry(
+        size = retry(
             lambda: owner.table.complete(
-                owner.id, entries, model=owner.model_ref, counters=counts, speed=speed,
-                count_later=count_later,
+                owner.id, entries, model=owner.model_ref, count_later=True, wake_first=wake_first
             ),
             what=f"executor {owner.id}",
             each_try=owner.tick,
             raise_refusals=True,  # a refused store restarts the executor (a crash, not a stall)
-        )  # fmt: skip
+        )
         done.store_ended_at = time.time()
-        if speed is not None:
-            self._published, self._published_at = speed, time.monotonic()
+        done.counts = size is not None and size >= 0  # None: never, as no stop is given
         if done.outputs:
             ended = done.started_at + done.compute_ms / 1000
             owner.latency.observe_return((time.time() - ended) * 1000)
@@ -226,21 +240,33 @@ class Returner:
             return []
         return [(canvas, n, task) for n, task in enumerate(done.tasks) if task.canvas]
 
-    def _count(self, done: Computed) -> None:
-        """The bookkeeping of a batch whose results are out: one count.lua call, never
-        retried (a retry could count it twice). Lost to a Redis error, it is logged and
-        the results, stored already, stand."""
+    def _count_in(self) -> float | None:
+        """Seconds until the owed bookkeeping is due (0: now); None when none is owed."""
+        if not self._owed_batches:
+            return None
+        return max(0.0, self._counted_at + COUNT_EVERY_S - time.monotonic())
+
+    def _count(self) -> None:
+        """The owed bookkeeping in one count.lua call, never retried (a retry could count
+        it twice). Lost to a Redis error, it is logged, and the results, stored already,
+        stand."""
+        if not self._owed_batches:
+            return
         owner = self.owner
         speed = self._speed()
+        counters, tasks, batches = self._owed, self._owed_tasks, self._owed_batches
+        self._owed, self._owed_tasks, self._owed_batches = Counter(), 0, 0
+        self._counted_at = time.monotonic()
         try:
             owner.table.count_batch(
-                owner.id, owner.model_ref, len(done.tasks),
-                counters=self._counters(done), speed=speed,
-            )  # fmt: skip
-        except redis.RedisError as e:
+                owner.id, owner.model_ref, tasks, batches=batches, counters=counters, speed=speed
+            )
+        except Exception as e:  # noqa: BLE001 - bookkeeping never stops results flowing
             log.warning(
-                "executor %s: a batch's counters were not added (%s: %s); its results are stored",
+                "executor %s: the counters of %d batch(es) were not added (%s: %s); their "
+                "results are stored",
                 owner.id,
+                batches,
                 type(e).__name__,
                 e,
             )
@@ -261,7 +287,7 @@ class Returner:
         return None if fresh and speed.close_to(self._published) else speed
 
     def _counters(self, done: Computed) -> Counter:
-        """Every hook's metrics counters for this batch, stored with its results."""
+        """Every hook's metrics counters for this batch."""
         counts: Counter = Counter()
         for hook in self.owner.hooks:
             try:

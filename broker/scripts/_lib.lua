@@ -296,13 +296,13 @@ end
 -- M (metrics field, increment) pairs, added to the metrics hash; then rate, lag_ms,
 -- extra_ms, base_ms, per_item_ms, margin_ms (rate '' when not given), the executor's
 -- latency model, which replaces its share of the speed hash. The executor's hash counts
--- the batch and its tasks.
-local function count_batch(args, at, tasks, hash, metrics, speed)
+-- the batches and their tasks.
+local function count_batch(args, at, tasks, batches, hash, metrics, speed)
   local last = at + 2 * tonumber(args[at])
   for i = at + 1, last, 2 do tally(metrics, args[i], args[i + 1]) end
   if not registered(hash) then return end
   call('HINCRBY', hash, 'tasks', tasks)
-  call('HINCRBY', hash, 'batches', 1)
+  call('HINCRBY', hash, 'batches', batches)
   local s = last + 1
   if args[s] ~= '' and speed then
     call('HSET', hash, 'base_ms', args[s + 3], 'per_item_ms', args[s + 4],

@@ -2,8 +2,11 @@
 -- the task from in-flight. A stored SUCCESS is never overwritten, so a
 -- redelivered task keeps one consistent result.
 -- The batch's metrics counters are added in the same step, and the executor's latency
--- model, when given, replaces its share of the model's speed hash (or, at low load,
--- count.lua adds both after the results went out).
+-- model, when given, replaces its share of the model's speed hash; or the results go
+-- alone, and count.lua adds the bookkeeping of several batches after (as executors do).
+-- Returns the batch's size, negated when none of its messages was in in-flight and no
+-- result was stored anew: then there is nothing to count. Otherwise its size is added to
+-- the metrics hash's `stored` at once, however the rest is counted.
 -- Running it again with the same arguments (a retry after a lost reply, or after a
 -- failover, when the first run may or may not have reached the new primary) changes
 -- nothing that the first run made: a result already stored with the same bytes is
@@ -74,6 +77,11 @@ else
     if held[i] then call('LREM', inflight, -1, batch[i]) end
   end
 end
-if later or not counted then return n end  -- counted by count.lua, or stored already
-count_batch(batch, 1, n, executor, metrics, speed[1])
+-- Negative: nothing of the batch was in in-flight or stored anew (a retry, or a task
+-- answered already), so there is nothing to count later either.
+if not counted then return -n end
+-- The tasks answered, counted with their results (the coordinator's demand reads it).
+if n > 0 then tally(metrics, 'stored', n) end
+if later then return n end  -- the rest is counted by count.lua
+count_batch(batch, 1, n, 1, executor, metrics, speed[1])
 return n

@@ -286,6 +286,7 @@ class CountKeys(NamedTuple):
 @rest
 class CountArgs(NamedTuple):
     tasks: int
+    batches: int
     bookkeeping: Sequence[Value]
 
 
