@@ -9,9 +9,10 @@ the rest to this thread: the canvas's next steps, the hooks, the bookkeeping.
 
 The bookkeeping (the hooks' metrics counters, the executor's counts and, when it moved,
 its latency model) is owed by each stored batch and sent in one count.lua call at most
-every COUNT_EVERY_S, and once this thread has nothing else to do: a batch's 15 or so
-counters cost Redis more than its results do, and folded over the batches of a quarter
-second they cost it little. Only the results are on the task's path."""
+every COUNT_EVERY_S: after the batch stored when it falls due, or on its own when no
+batch comes, and before the thread ends. A batch's 15 or so counters cost Redis about
+what its results do; folded over the batches of a quarter second they cost it little.
+The first batch is counted at once. Only the results are on the task's path."""
 
 from __future__ import annotations
 
