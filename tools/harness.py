@@ -188,9 +188,9 @@ class Point:
             deadline = time.monotonic() + timeout_s
             while True:
                 rows = self.client.table.executors()
-                tasks = sum(r.tasks for r in rows)
-                if tasks >= at_least or time.monotonic() > deadline:
-                    return tasks, sum(r.batches for r in rows)
+                counted = sum(r.tasks for r in rows)
+                if counted >= at_least or time.monotonic() > deadline:
+                    return counted, sum(r.batches for r in rows)
                 time.sleep(0.02)  # polling Redis for the counts, bounded above
         from tandem.tools import baselines
 

@@ -71,7 +71,7 @@ class Returner:
         self.error: BaseException | None = None
         self._published: Speed | None = None  # the latency model as last published
         self._published_at = 0.0  # monotonic s
-        self._owed = Counter()  # metrics counters of the batches stored since the last count
+        self._owed: Counter = Counter()  # the metrics counters of batches not yet counted
         self._owed_tasks = 0
         self._owed_batches = 0
         self._counted_at = -COUNT_EVERY_S  # monotonic s: the first batch is counted at once
@@ -256,7 +256,7 @@ class Returner:
         owner = self.owner
         speed = self._speed()
         counters, tasks, batches = self._owed, self._owed_tasks, self._owed_batches
-        self._owed, self._owed_tasks, self._owed_batches = Counter(), 0, 0
+        self._owed, self._owed_tasks, self._owed_batches = Counter(), 0, 0  # sent once
         self._counted_at = time.monotonic()
         try:
             owner.table.count_batch(

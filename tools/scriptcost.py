@@ -1,0 +1,120 @@
+"""`python -m tandem.tools.scriptcost`: Redis's own time per task in each script on a
+task's path, from SLOWLOG at 0 µs on a Redis of its own, one client, no workers: the
+route of 256 tasks, claim_or_idle of 32, complete.lua, count.lua. Two ways to count a
+batch's bookkeeping (its metrics counters, the model's histograms among them), in
+alternated blocks, so that the host's drift falls on both: `in the store` (the counters
+in every complete.lua) and `owed` (complete.lua with the results alone, count.lua once
+per block of 40 batches, as an executor at saturation sends them every 0.25 s). What the
+overhead profile's Redis CPU measures too, without the scheduling around it."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+from tandem.broker import keys, message, metrics, results
+from tandem.broker.settings import Settings
+from tandem.broker.table import Table
+from tandem.server import RedisServer
+
+MODEL, BATCH, ROUTE, BLOCK = "sim:1", 32, 256, 40
+WAYS = ("in the store", "owed")
+
+
+def counters(rng: random.Random) -> Counter:
+    """A batch's counters, as workers/hooks.py Metrics makes them."""
+    c: Counter = Counter()
+    metrics.observe(c, "batch_size", BATCH)
+    metrics.observe(c, "compute_ms", rng.uniform(15, 25))
+    c["outcome:SUCCESS"] += BATCH
+    c["deadline:met"] += BATCH
+    for _ in range(BATCH):
+        metrics.observe(c, "latency_ms", rng.lognormvariate(4, 1))
+        metrics.observe(c, "queue_wait_ms", rng.lognormvariate(3, 1))
+    return c
+
+
+def run(rounds: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tandem-scriptcost-") as folder:
+        server = RedisServer(Path(folder) / "redis").start()
+        try:
+            return _measure(redis.Redis.from_url(server.url), rounds)
+        finally:
+            server.stop()
+
+
+def _measure(r: redis.Redis, rounds: int) -> dict:
+    r.config_set("slowlog-log-slower-than", 0)
+    r.config_set("slowlog-max-len", 100000)
+    table = Table(r, Settings(result_expires_s=60))
+    table.register("a", MODEL, worker="w", max_batch=BATCH, ttl_ms=10**8, max_wait_ms=0.0, pid=1)
+    names = {
+        getattr(table.scripts, name).sha.encode(): name
+        for name in ("route", "claim_or_idle", "complete", "count")
+    }
+    rng = random.Random(1)
+    spent: dict[str, Counter] = {way: Counter() for way in WAYS}
+    tasks: Counter = Counter()
+    for n in range(rounds + 1):  # the first round warms the hashes up, unmeasured
+        for way in WAYS:
+            r.slowlog_reset()
+            owed: Counter = Counter()
+            for start in range(0, BLOCK * BATCH, ROUTE):
+                ids = _route(table, start)
+                for at in range(0, ROUTE, BATCH):
+                    entries = _claim(table, ids[at : at + BATCH])
+                    if way == "owed":
+                        table.complete("a", entries, model=MODEL, count_later=True)
+                        owed.update(counters(rng))
+                    else:
+                        table.complete("a", entries, model=MODEL, counters=counters(rng))
+            if owed:
+                table.count_batch("a", MODEL, BLOCK * BATCH, batches=BLOCK, counters=owed)
+            if n:
+                tasks[way] += BLOCK * BATCH
+                for entry in r.slowlog_get(100000):
+                    name = names.get((entry["command"].split() + [b"", b""])[1])
+                    if name:
+                        spent[way][name] += entry["duration"]
+    fields = r.hlen(keys.metrics(MODEL))
+    return {
+        "rounds": rounds,
+        "tasks_per_way": tasks[WAYS[0]],
+        "metrics_fields": fields,
+        "us_per_task": {
+            way: {name: round(us / tasks[way], 2) for name, us in sorted(spent[way].items())}
+            | {"all": round(sum(spent[way].values()) / tasks[way], 2)}
+            for way in WAYS
+        },
+    }
+
+
+def _route(table: Table, start: int) -> list[str]:
+    encoded = [message.encode(MODEL, [start + n], queue=keys.l1(MODEL)) for n in range(ROUTE)]
+    table.route_many(MODEL, [envelope for _, envelope in encoded])
+    return [task_id for task_id, _ in encoded]
+
+
+def _claim(table: Table, ids: list[str]) -> list[tuple[bytes, str, str]]:
+    batch = table.claim_or_idle("a", MODEL, BATCH)
+    assert batch is not None and len(batch) == len(ids)
+    by_id = {message.decode(raw, max_bytes=1 << 20).id: raw for raw in batch}
+    return [(by_id[i], keys.result(i), results.success(i, [n])) for n, i in enumerate(ids)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="Blocks of each way.")
+    found = run(parser.parse_args().rounds)
+    print(f"{found['tasks_per_way']} tasks each way; the metrics hash: {found['metrics_fields']}")
+    for way, spent in found["us_per_task"].items():
+        print(f"{way:>13}: " + ", ".join(f"{k} {v} us" for k, v in spent.items()))
+
+
+if __name__ == "__main__":
+    main()
