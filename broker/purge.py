@@ -5,19 +5,24 @@ at once rather than at its timeout; a task that already has a result keeps it.""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import redis
 
 from tandem.broker import keys, message, results
+from tandem.broker.errors import Revoked
 from tandem.broker.readmodel import typed
 
 #: Messages taken from a list, and answered, per round trip.
 BATCH = 1000
 
 
-def purge(client: redis.Redis, model: str, *, result_expires_s: int, max_bytes: int) -> int:
+def purge(
+    client: redis.Redis, model: str, *, result_expires_s: int, max_bytes: int, tracer: Any = None
+) -> int:
     """Remove every task in the model's L1 at every priority, each batch in one atomic
-    RPOP; what arrives meanwhile stays. Returns how many were removed."""
+    RPOP; what arrives meanwhile stays. Returns how many were removed. tracer: this
+    process's (broker/tracing.py), when it traces: each task answered gets its span."""
     removed = 0
     for key in keys.l1_keys(model):
         left = typed(key, 0, functools.partial(client.llen, key))
@@ -33,17 +38,27 @@ def purge(client: redis.Redis, model: str, *, result_expires_s: int, max_bytes: 
                 f"purged from the first-level queue of {model}",
                 result_expires_s,
                 max_bytes,
+                tracer,
             )
     return removed
 
 
 def _answer(
-    client: redis.Redis, raws: list[bytes], reason: str, expires_s: int, max_bytes: int
+    client: redis.Redis,
+    raws: list[bytes],
+    reason: str,
+    expires_s: int,
+    max_bytes: int,
+    tracer: Any,
 ) -> None:
     """A REVOKED result for each message with a usable task id, published as Celery's
     backend publishes one; a result already stored is left as it is."""
-    decoded = (message.decode(raw, max_bytes=max_bytes).id for raw in raws)
-    ids = list(dict.fromkeys(task_id for task_id in decoded if task_id))
+    tasks: dict[str, message.Task] = {}  # by id, the first of each
+    for raw in raws:
+        task = message.decode(raw, max_bytes=max_bytes)
+        if task.id:
+            tasks.setdefault(task.id, task)
+    ids = list(tasks)
     metas = [results.revoked(task_id, reason) for task_id in ids]
     with client.pipeline(transaction=False) as pipe:
         for task_id, meta in zip(ids, metas, strict=True):
@@ -54,3 +69,9 @@ def _answer(
             if new:
                 pipe.publish(keys.result(task_id), meta)
         pipe.execute()
+    if tracer is not None:
+        from tandem.broker.spans import purged
+
+        for task_id, new in zip(ids, stored, strict=True):
+            if new:
+                purged(tracer, tasks[task_id], Revoked(f"task {task_id} was {reason}"))

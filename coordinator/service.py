@@ -276,7 +276,7 @@ class Coordinator:
                 buried += 1
                 log.error("task %s: %s", task.id or "(no id)", error)
                 if self.tracer is not None and task.id:
-                    from tandem.coordinator.spans import buried as span
+                    from tandem.broker.spans import buried as span
 
                     span(self.tracer, task, error, took)
         self.buried += buried

@@ -170,7 +170,7 @@ def purge(redis_url, model, yes) -> None:
     """Empty MODEL's first-level queue (every priority), as `celery purge` does. Each
     removed task gets a REVOKED result, so a caller waiting on it learns at once. Asks
     first, unless --yes."""
-    from tandem.broker import keys
+    from tandem.broker import keys, tracing
     from tandem.broker.connect import connect
     from tandem.broker.errors import BadArgument
     from tandem.broker.purge import purge as purge_l1
@@ -195,6 +195,7 @@ def purge(redis_url, model, yes) -> None:
         model,
         result_expires_s=settings.result_expires_s,
         max_bytes=settings.max_message_bytes,
+        tracer=tracing.tracer("tandem-purge"),
     )
     click.echo(f"purged {removed} task(s) from the first-level queue of {model}")
 

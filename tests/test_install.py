@@ -48,7 +48,7 @@ EXTRA_FILES = {
     "broker/tracing.py": "otel",  # only where OTEL_* ask for traces
     "producers/tracing.py": "otel",
     "workers/tracing.py": "otel",
-    "coordinator/spans.py": "otel",
+    "broker/spans.py": "otel",
     "tools/tracesink.py": "otel",  # bench --tracing requires it
     "producers/http/app.py": "http",
     "producers/http/gateway.py": "http",

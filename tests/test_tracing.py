@@ -194,6 +194,32 @@ def test_a_buried_poison_task_s_trace_says_it_was_quarantined(stack):
     assert stored["status"] == "FAILURE" and stored["result"]["exc_type"] == "PoisonMessage"
 
 
+def test_a_purged_task_s_trace_says_it_was_purged(stack):
+    """`tandem purge` answers each task it removes from L1 REVOKED, and the span it makes,
+    in the trace the task's message named, says why; a task answered already keeps its
+    result and gets none."""
+    model = "purged:1"  # a model no worker here serves: its L1 stays as it is put
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    traced = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+    task_id, raw = message.encode(model, [1], queue=keys.l1(model), trace=traced)
+    done_id, done_raw = message.encode(model, [2], queue=keys.l1(model), trace=traced)
+    stack.client.set(keys.result(done_id), json.dumps({"status": "SUCCESS", "result": [2]}))
+    stack.client.lpush(keys.l1(model), raw, done_raw)  # as a plain Celery client would
+    env = {**os.environ, **stack.receiver.env()}
+    done = tandem("purge", model, "--yes", redis_url=stack.settings.redis_url, env=env)
+    assert done.returncode == 0 and "purged 2 task(s)" in done.stdout, done.stderr
+    process = stack.receiver.one("process ", **{"messaging.message.id": task_id})
+    assert (process.service, process.kind) == ("tandem-purge", CONSUMER)
+    assert (process.trace_id, process.parent_id) == (trace_id, parent_id)
+    assert process.attributes["tandem.outcome"] == "revoked"
+    assert process.attributes["error.type"] == "Revoked"
+    assert process.status[0] == ERROR and "purged from the first-level queue" in process.status[1]
+    ((event, _),) = process.events
+    assert event == "purged"
+    assert json.loads(stack.client.get(keys.result(task_id)))["status"] == "REVOKED"
+    assert not stack.receiver.find("process ", **{"messaging.message.id": done_id})
+
+
 def test_a_refused_task_s_trace_says_why(stack):
     """A model no worker serves: refused at once, and the send span is the error that
     says so."""

@@ -1,7 +1,9 @@
-"""The coordinator's one span: a poison task it quarantined (buried) gets a CONSUMER span
-`process <queue>` in the task's own trace, the child of its producer's send span, from its
-send to now, as a worker's span ends at a stored result. The workers that died holding it
-made none. Imported only when this process traces (broker/tracing.py)."""
+"""The span of a task ended without a compute, by a role other than an executor: a CONSUMER
+span `process <queue>` in the task's own trace, the child of its producer's send span,
+from its send to now, as a worker's span ends at a stored result. The coordinator makes
+one for a poison task it quarantined (the workers that died holding it made none), and
+`tandem purge` one for each task it removed from a first-level queue. Imported only
+when the process traces (broker/tracing.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from tandem.broker.errors import PoisonMessage
+from tandem.broker.errors import PoisonMessage, Revoked
 from tandem.broker.message import Task
 
 _W3C = TraceContextTextMapPropagator()
@@ -19,6 +21,18 @@ _W3C = TraceContextTextMapPropagator()
 
 def buried(tracer: Any, task: Task, error: PoisonMessage, executors: list[str]) -> None:
     """The span of a task buried after the executors named died holding it."""
+    ended(tracer, task, "failure", error, "quarantined", {"tandem.executors": executors})
+
+
+def purged(tracer: Any, task: Task, error: Revoked) -> None:
+    """The span of a task removed from its first-level queue and answered REVOKED."""
+    ended(tracer, task, "revoked", error, "purged", {})
+
+
+def ended(
+    tracer: Any, task: Task, outcome: str, error: Exception, event: str, details: dict
+) -> None:
+    """A task's span that says how it ended, unrun: its outcome and error, and an event."""
     context = _W3C.extract(task.trace) if task.trace else None
     queue = task.queue or task.model or ""
     now = time.time()
@@ -34,10 +48,10 @@ def buried(tracer: Any, task: Task, error: PoisonMessage, executors: list[str]) 
                 "messaging.destination.name": queue,
                 "messaging.message.id": task.id or "",
                 "tandem.model": task.model or "",
-                "tandem.outcome": "failure",
+                "tandem.outcome": outcome,
                 "error.type": type(error).__name__,
             }
         )
-        span.add_event("quarantined", {"tandem.executors": executors})
+        span.add_event(event, details)
         span.set_status(Status(StatusCode.ERROR, str(error)))
     span.end()
