@@ -463,3 +463,60 @@ def test_any_trace_header_a_message_carries_makes_a_span_and_never_raises(parent
         assert f"{process.parent.trace_id:032x}" in parent
     elif valid and set(valid[1]) != {"0"} and set(valid[2]) != {"0"}:
         raise AssertionError(f"a valid sampled traceparent was not joined: {parent!r}")
+
+
+def test_a_task_revoked_before_its_claim_has_a_span_that_says_so(settings, r):
+    """An executor (in this process, its spans to the SDK's in-memory exporter) claims a
+    task revoked before it was sent: never computed, and its span's outcome is revoked."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from helpers import wait_until
+    from tandem.broker.table import Table
+    from tandem.producers.client import Client
+    from tandem.workers.executor import Executor
+    from tandem.workers.heartbeat import Heartbeat
+    from tandem.workers.models.sim import SimModel
+    from tandem.workers.tracing import Traces
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    hook = Traces(provider.get_tracer(tracing.SCOPE), "t")
+    settings = settings.replace(max_wait_ms=0.0)
+    executor = Executor(
+        "sim:1", SimModel(0, 0), table=Table(r), settings=settings, worker="t", hooks=[hook]
+    )
+    executor.start()
+    heartbeat = Heartbeat(executor.table, [executor], interval_s=0.1, ttl_s=2).start()
+    try:
+        with Client(settings=settings) as client:
+            client.revoke("revoked-early")
+            wait_until(lambda: executor.revocations, 10, "the heartbeat to see the record")
+            revoked = client.submit("sim:1", [1], task_id="revoked-early")
+            served = client.submit("sim:1", [2])
+            assert served.get(timeout=10) == [2]
+            revoked.get(timeout=10, propagate=False)
+            assert revoked.state == "REVOKED"
+        wait_until(
+            lambda: [s for s in spans.get_finished_spans() if s.name.startswith("process ")],
+            10,
+            "the task spans",
+        )
+    finally:
+        heartbeat.stop(), executor.stop()
+    (span,) = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("process ") and s.attributes["messaging.message.id"] == "revoked-early"
+    ]
+    assert span.attributes["tandem.outcome"] == "revoked"
+    assert span.attributes["error.type"] == "Revoked"
+    assert span.status.status_code.name == "ERROR" and "revoked" in span.status.description
+    (batch,) = [
+        s for s in spans.get_finished_spans() if s.links and s.links[0].context == span.context
+    ]
+    # Its batch (the served task's too, if they came together) computed all but it.
+    size = batch.attributes["tandem.batch.size"]
+    assert batch.attributes["tandem.batch.computed"] == size - 1
