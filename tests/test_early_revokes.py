@@ -27,6 +27,23 @@ class Recording(Sleepy):
         return super().forward(batch)
 
 
+def revoke_one_claimed_early(executor, client, r, arm=lambda: None):
+    """A revocation record about (so every batch checks), one task to teach the latency
+    model a compute, arm(), then five tasks: the first wakes the IDLE executor and
+    computes alone, four more are claimed early and prepared meanwhile, and the third is
+    revoked then. Returns the five results and their values."""
+    client.revoke("a-task-of-nobody")
+    wait_until(lambda: executor.revocations, 10, "the heartbeat to see the record")
+    warm = client.submit_many("staged:1", [0])
+    assert [x.get(timeout=30) for x in warm] == [0]
+    wait_until(lambda: executor.state == State.IDLE, 10, "IDLE again")
+    arm()
+    results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
+    wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "the early claim")
+    client.revoke(results[2].id)
+    return results, [x.get(timeout=30, propagate=False) for x in results]
+
+
 def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(settings, r, monkeypatch):
     # Only the check before the batch ahead ends can see the revoke: none at the start.
     # It comes 0.3 s before that end, so a busy host's late wake-up still finds it ahead.
@@ -43,17 +60,7 @@ def test_a_task_revoked_while_the_batch_ahead_computes_is_never_computed(setting
 
     executor.table.revoked = timed
     try:
-        client.revoke("a-task-of-nobody")  # a revocation record about: every batch checks
-        wait_until(lambda: executor.revocations, 10, "the heartbeat to see the record")
-        warm = client.submit_many("staged:1", [0])  # the latency model learns a compute
-        assert [x.get(timeout=30) for x in warm] == [0]
-        wait_until(lambda: executor.state == State.IDLE, 10, "IDLE again")
-        results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
-        # The first wakes the IDLE executor and computes alone; four more are claimed
-        # early while it computes, and prepared.
-        wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "the early claim")
-        client.revoke(results[2].id)
-        values = [x.get(timeout=30, propagate=False) for x in results]
+        results, values = revoke_one_claimed_early(executor, client, r)
     finally:
         client.close(), heartbeat.stop(), executor.stop()
     assert results[2].state == "REVOKED" and 3 not in model.computed
@@ -83,16 +90,11 @@ def test_a_redis_error_in_the_early_revoke_check_loses_no_computed_batch(setting
                 raise redis.ConnectionError("injected: the connection dropped")
         return revoked(task_ids)
 
-    try:
-        client.revoke("a-task-of-nobody")  # a revocation record about: every batch checks
-        warm = client.submit_many("staged:1", [0])
-        assert [x.get(timeout=30) for x in warm] == [0]
-        wait_until(lambda: executor.state == State.IDLE, 10, "IDLE again")
+    def arm() -> None:
         executor.table.revoked = failing_once
-        results = client.submit_many("staged:1", [1, 2, 3, 4, 5])
-        wait_until(lambda: r.llen(keys.inflight(executor.id)) == 5, 10, "the early claim")
-        client.revoke(results[2].id)
-        values = [x.get(timeout=30, propagate=False) for x in results]
+
+    try:
+        results, values = revoke_one_claimed_early(executor, client, r, arm)
     finally:
         client.close(), heartbeat.stop(), executor.stop()
     assert failed  # the error was met
