@@ -319,3 +319,12 @@ def test_the_script_cost_measures_every_script_on_a_tasks_path_both_ways():
     for spent in (store, owed):
         parts = sum(v for k, v in spent.items() if k != "all")
         assert spent["all"] == pytest.approx(parts, abs=0.05) and all(spent.values())
+
+
+def test_the_script_cost_times_claims_from_a_backlog():
+    """tools/scriptcost.py --backlog: a figure per L1 length, from full claims only (the
+    tool asserts each claim took a whole batch)."""
+    from tandem.tools import scriptcost
+
+    found = scriptcost.backlog([10, 9000], claims=3)
+    assert list(found) == [10, 9000] and all(us > 0 for us in found.values())

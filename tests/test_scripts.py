@@ -9,6 +9,9 @@ from importlib import resources
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tandem.broker import deadletter, keys, message, results, scripts
 from tandem.broker.errors import ExecutorGone, QueueFull, TandemError, UnknownModel
@@ -223,6 +226,69 @@ def test_claim_takes_oldest_first_and_higher_priority_first(table, r):
     claimed = table.claim("a", MODEL, 4)
     assert [json.loads(m)["headers"]["id"] for m in claimed] == normal + low[:1]
     assert ids_in(r, keys.inflight("a")) == normal + low[:1]
+
+
+#: Past this length, Redis 6 pops L1 one message at a time (_lib.lua's pop_tail).
+LONG_LIST = int(re.findall(r"^local LONG_LIST = (\d+)", scripts.source("claim"), flags=re.M)[0])
+
+
+def fill_l1(r, count: int, priority: int = 0) -> list[str]:
+    """count messages pushed into L1 as a producer's route would (LPUSH), their ids
+    oldest first."""
+    ids, raws = [], []
+    for n in range(count):
+        task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
+        ids.append(task_id)
+        raws.append(envelope)
+    key = keys.l1_for_priority(MODEL, priority)
+    for start in range(0, count, 500):
+        r.lpush(key, *raws[start : start + 500])
+    return ids
+
+
+@hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    normal=st.sampled_from([0, 5, LONG_LIST - 1, LONG_LIST, LONG_LIST + 1, LONG_LIST + 40]),
+    low=st.sampled_from([0, 3, LONG_LIST + 2]),
+    n=st.integers(1, 64),
+)
+def test_claims_take_l1_oldest_first_whatever_its_length(table, r, normal, low, n):
+    """A long L1 (a backlog) is claimed as a short one is: oldest first, higher priority
+    first, each message once, in-flight in claim order; past LONG_LIST, Redis 6 pops one
+    at a time, and a claim across that length loses nothing."""
+    r.flushdb()
+    register(table, "a", max_batch=n)
+    expected = fill_l1(r, normal) + fill_l1(r, low, priority=9)
+    claimed: list[str] = []
+    while batch := table.claim("a", MODEL, n):
+        assert len(batch) == min(n, len(expected) - len(claimed))
+        claimed += [json.loads(m)["headers"]["id"] for m in batch]
+    assert claimed == expected
+    assert ids_in(r, keys.inflight("a")) == expected
+    assert table.l1_depth(MODEL) == 0
+
+
+def test_a_claim_from_a_long_l1_pops_from_its_tail(table, r):
+    """Redis 6 finds where `RPOP key n` starts by walking the list from its head, so a
+    claim from a long L1 pops one message at a time (Redis 7 seeks from the nearer end)."""
+    if int(r.info("server")["redis_version"].split(".")[0]) >= 7:
+        pytest.skip("Redis 7 pops a count from the tail without walking the list")
+    register(table, "a", max_batch=8)
+    fill_l1(r, LONG_LIST + 8)
+    r.config_set("slowlog-log-slower-than", 0)
+    try:
+        r.slowlog_reset()
+        assert len(table.claim("a", MODEL, 8)) == 8  # from the long list
+        assert len(table.claim("a", MODEL, 8)) == 8  # now LONG_LIST long: one RPOP of 8
+        pops = [
+            e["command"].split()[1:3]
+            for e in reversed(r.slowlog_get(1000))
+            if e["command"].split()[0].upper() == b"RPOP"
+        ]
+    finally:
+        r.config_set("slowlog-log-slower-than", 10_000)
+    key = keys.l1(MODEL).encode()
+    assert pops == [[key]] * 8 + [[key, b"8"]]
 
 
 def test_begin_takes_l2_and_tops_up_from_l1(table, r):

@@ -5,7 +5,11 @@ batch's bookkeeping (its metrics counters, the model's histograms among them), i
 alternated blocks, so that the host's drift falls on both: `in the store` (the counters
 in every complete.lua) and `owed` (complete.lua with the results alone, count.lua once
 per block of 40 batches, as an executor at saturation sends them every 0.25 s). What the
-overhead profile's Redis CPU measures too, without the scheduling around it."""
+overhead profile's Redis CPU measures too, without the scheduling around it.
+
+`--backlog N,...`: claim_or_idle's time per claim of 32 from an L1 that already holds N
+messages, pushed one at a time among other keys as a live Redis allocates them, so the
+list's nodes lie scattered in memory: what a claim costs while a backlog drains."""
 
 from __future__ import annotations
 
@@ -94,6 +98,45 @@ def _measure(r: redis.Redis, rounds: int) -> dict:
     }
 
 
+def backlog(lengths: list[int], claims: int = 100) -> dict[int, float]:
+    """µs of Redis's time per claim of BATCH from an L1 of each length (see the module)."""
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="tandem-scriptcost-") as folder:
+        server = RedisServer(Path(folder) / "redis").start()
+        try:
+            r = redis.Redis.from_url(server.url)
+            table = Table(r, Settings(result_expires_s=60))
+            table.register(
+                "a", MODEL, worker="w", max_batch=BATCH, ttl_ms=10**8, max_wait_ms=0.0, pid=1
+            )
+            _, raw = message.encode(MODEL, [0], queue=keys.l1(MODEL))
+            rng = random.Random(1)
+            for length in lengths:
+                r.flushdb()
+                table.register(
+                    "a", MODEL, worker="w", max_batch=BATCH, ttl_ms=10**8, max_wait_ms=0.0, pid=1
+                )
+                pipe = r.pipeline(transaction=False)
+                for n in range(length + claims * BATCH):
+                    pipe.lpush(keys.l1(MODEL), raw)
+                    pipe.set(f"filler:{n}", b"x" * rng.randint(100, 2000))
+                    if n % 1000 == 999:
+                        pipe.execute()
+                pipe.execute()
+                r.config_set("slowlog-log-slower-than", 0)
+                r.slowlog_reset()
+                for _ in range(claims):
+                    assert len(table.claim_or_idle("a", MODEL, BATCH) or ()) == BATCH
+                    r.delete(keys.inflight("a"))
+                sha = table.scripts.claim_or_idle.sha.encode()
+                spent = [e["duration"] for e in r.slowlog_get(10 * claims) if sha in e["command"]]
+                r.config_set("slowlog-log-slower-than", 10_000)
+                found[length] = round(sum(spent) / len(spent), 1)
+        finally:
+            server.stop()
+    return found
+
+
 def _route(table: Table, start: int) -> list[str]:
     encoded = [message.encode(MODEL, [start + n], queue=keys.l1(MODEL)) for n in range(ROUTE)]
     table.route_many(MODEL, [envelope for _, envelope in encoded])
@@ -110,10 +153,17 @@ def _claim(table: Table, ids: list[str]) -> list[tuple[bytes, str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="Blocks of each way.")
-    found = run(parser.parse_args().rounds)
+    parser.add_argument(
+        "--backlog", default="100,10000,100000", help="L1 lengths to time a claim at ('' none)."
+    )
+    args = parser.parse_args()
+    found = run(args.rounds)
     print(f"{found['tasks_per_way']} tasks each way; the metrics hash: {found['metrics_fields']}")
     for way, spent in found["us_per_task"].items():
         print(f"{way:>13}: " + ", ".join(f"{k} {v} us" for k, v in spent.items()))
+    lengths = [int(n) for n in args.backlog.split(",") if n]
+    for length, us in backlog(lengths).items():
+        print(f"a claim of {BATCH} from an L1 of {length:,}: {us} us")
 
 
 if __name__ == "__main__":

@@ -144,12 +144,34 @@ local function push_all(key, items)
   end
 end
 
+-- Redis before 7 finds the first of `RPOP key n` by walking the list from its head: on a
+-- long L1 (a backlog, when a freed executor claims most) each claim would cost Redis
+-- time in proportion to the backlog. Past LONG_LIST, where that walk costs more than n
+-- pops of one each, such a list is popped one at a time from its tail. Redis 7 seeks
+-- from the nearer end, and came with redis.REDIS_VERSION.
+local WALKS_FROM_HEAD = redis.REDIS_VERSION == nil
+local LONG_LIST = 8192
+
+-- Up to n items from the tail of a list, oldest first; false when it is empty.
+local function pop_tail(key, n)
+  if not WALKS_FROM_HEAD or call('LLEN', key) <= LONG_LIST then
+    return call('RPOP', key, n)
+  end
+  local items = {}
+  for i = 1, n do
+    local m = redis.call('RPOP', key)  -- a list: LLEN's call() set any other type aside
+    if not m then break end
+    items[i] = m
+  end
+  return #items > 0 and items
+end
+
 -- Pop up to n messages from the L1 keys l1 (highest priority first), oldest first,
 -- into the in-flight list. Appends them to out.
 local function claim_l1(l1, inflight, n, out)
   for _, key in ipairs(l1) do
     if n <= 0 then break end
-    local items = call('RPOP', key, n)
+    local items = pop_tail(key, n)
     if items then
       push_all(inflight, items)
       for _, m in ipairs(items) do out[#out + 1] = m end
