@@ -21,17 +21,15 @@ from tandem.broker.state import Batch, Speed, State
 
 
 @functools.lru_cache(maxsize=1024)
-def _complete_keys(executor_id: str, model: str, speed: bool) -> tuple[str, ...]:
+def _complete_keys(executor_id: str, model: str) -> tuple[str, ...]:
     """complete.lua's keys: built once per executor, not once per store."""
     return tuple(
         pack(
             lay.CompleteKeys(
                 inflight=keys.inflight(executor_id),
-                executor=keys.executor(executor_id),
                 dead=keys.DEAD,
                 stats=keys.STATS,
                 metrics=keys.metrics(model),
-                speed=[keys.speed(model)] if speed else [],
             )
         )
     )
@@ -200,38 +198,29 @@ class Steps(Runner):
         entries: Sequence[tuple[bytes, str, str]],
         *,
         model: str = "",
-        counters: Mapping[str, float] | None = None,
-        speed: Speed | None = None,
-        count_later: bool = False,
         wake_first: bool = False,
     ) -> int:
         """Store results and drop their tasks from in-flight. Entries: (raw, result key,
         result JSON), or (raw, "", dead-letter record) for a message without a usable id.
-        counters: the batch's metrics, added to the model's metrics hash in the same step.
-        speed: the executor's latency model, published with them (needs `model`).
-        count_later: the results alone; count_batch() adds the batch's bookkeeping after.
+        The batch's bookkeeping follows in count_batch(), with that of other batches.
         wake_first: the producers waiting for these results are woken before this caller
         (DirectCalls.script's `publishes`), for a store on the task's path at low load.
         Returns the batch's size, negated when the call stored nothing new and found none
         of its tasks in in-flight (a retry, a task answered already): nothing to count."""
         s = self.settings
-        if count_later:
-            batch: list = ["", *NO_SPEED]
-            counters = speed = None
-        else:
-            batch = bookkeeping(counters, speed)
-        head = lay.CompleteArgs(
-            result_ttl=s.result_expires_s,
-            dead_cap=s.dead_letter_max,
-            dead_ttl=s.dead_letter_ttl_s,
-            batch=batch,
+        args = pack(
+            lay.CompleteArgs(
+                result_ttl=s.result_expires_s,
+                dead_cap=s.dead_letter_max,
+                dead_ttl=s.dead_letter_ttl_s,
+                batch=[],
+            )
         )
-        args = pack(head)
         # Then the keys and these are the same each time: packed once (DirectCalls.script).
-        same = len(args) if count_later else len(head) - 1
+        same = len(args)
         for entry in entries:
             args.extend(entry)
-        script_keys = _complete_keys(executor_id, model, speed is not None)
+        script_keys = _complete_keys(executor_id, model)
         return self._held(
             "complete",
             lambda then: self.direct.script(
@@ -255,7 +244,7 @@ class Steps(Runner):
         counters: Mapping[str, float] | None = None,
         speed: Speed | None = None,
     ) -> None:
-        """The bookkeeping of batches whose results complete(count_later=True) stored:
+        """The bookkeeping of batches whose results complete() stored:
         their metrics counters, them and their tasks in the executor's counts, and the
         latency model when given. Sent once: a lost reply may lose these counts, never
         double them."""
@@ -306,7 +295,7 @@ class Steps(Runner):
 
 
 def bookkeeping(counters: Mapping[str, float] | None, speed: Speed | None) -> list[Any]:
-    """A batch's counters and latency model as complete.lua and count.lua take them: M,
+    """Batches' counters and latency model as count.lua takes them: M,
     then M (metrics field, increment) pairs, then the latency model (NO_SPEED: none)."""
     counters = counters or {}
     args: list[Any] = [len(counters)]

@@ -483,7 +483,7 @@ def test_the_speed_hash_sums_the_live_executors_and_route_predicts_as_python_doe
 
     def publish(name: str, rate: float, lag: float, extra: float) -> None:
         speed = Speed(1.0, 0.5, 0.2, rate=rate, lag_ms=lag, max_batch=8, extra_ms=extra)
-        table.complete(name, [], model=MODEL, speed=speed)
+        table.count_batch(name, MODEL, 0, batches=0, speed=speed)
 
     publish("a", 100, 40, 10)
     publish("b", 300, 20, 30)

@@ -246,7 +246,7 @@ def fill_l1(r, count: int, priority: int = 0) -> list[str]:
     return ids
 
 
-@hsettings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@hsettings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     normal=st.sampled_from([0, 5, LONG_LIST - 1, LONG_LIST, LONG_LIST + 1, LONG_LIST + 40]),
     low=st.sampled_from([0, 3, LONG_LIST + 2]),
@@ -385,11 +385,11 @@ def test_complete_drops_its_tasks_from_in_flight_in_any_order(table, r):
     later = table.claim("a", MODEL, 3)
     for order in (list(batch), [later[2], later[0], later[1]]):
         entries = [(raw, keys.result(json.loads(raw)["headers"]["id"]), "{}") for raw in order]
-        assert table.complete("a", entries) == 3
+        assert table.complete("a", entries, model=MODEL) == 3
         left = r.lrange(keys.inflight("a"), 0, -1)
         assert not set(order) & set(left)
     assert r.llen(keys.inflight("a")) == 0
-    assert r.hget(keys.executor("a"), "tasks") == b"6"
+    assert r.hget(keys.metrics(MODEL), "stored") == b"6"
 
 
 def test_reclaim_spares_a_live_executor(table, r):
@@ -431,70 +431,45 @@ def test_complete_stores_celery_results_and_never_overwrites_success(table, r):
     task_id, _ = route(table, 0)
     raw = table.claim("a", MODEL, 1)[0]
     key = keys.result(task_id)
-    table.complete("a", [(raw, key, json.dumps({"status": "SUCCESS", "result": 1}))])
-    table.complete("a", [(raw, key, json.dumps({"status": "FAILURE", "result": 2}))])
+    assert table.complete("a", [(raw, key, json.dumps({"status": "SUCCESS", "result": 1}))]) == 1
+    # Again, as from a second compute: nothing stored anew, so nothing to count.
+    assert table.complete("a", [(raw, key, json.dumps({"status": "FAILURE", "result": 2}))]) == -1
     assert json.loads(r.get(key)) == {"status": "SUCCESS", "result": 1}
     assert 0 < r.ttl(key) <= 60
     assert r.llen(keys.inflight("a")) == 0
     assert r.hget(keys.STATS, "duplicates") == b"1"  # the second compute, kept out
-    assert r.hget(keys.executor("a"), "tasks") == b"1"  # one task finished, once
 
 
-def test_complete_adds_the_batch_metrics_in_the_same_step(table, r):
+def test_results_go_alone_and_count_lua_adds_their_bookkeeping_after(table, r):
+    """complete.lua stores and publishes the results and adds only `stored`; count.lua
+    adds the batches' metrics, the executor's counts and its latency model after."""
+    speed = Speed(1.0, 0.5, 0.2, rate=100.0, lag_ms=12.0, max_batch=4, extra_ms=3.0)
+    counts = {"outcome:SUCCESS": 2, "compute_ms:sum": 5.0}
     register(table, "a")
-    counts = {"outcome:SUCCESS": 1, "compute_ms:sum": 2.5}
-    for n in range(2):
-        task_id, _ = route(table, n)
-        raw = table.claim("a", MODEL, 1)[0]
-        entry = (raw, keys.result(task_id), results.success(task_id, [n]))
-        table.complete("a", [entry], model=MODEL, counters=counts)
+    with r.pubsub() as published:
+        published.psubscribe(f"{keys.RESULT_PREFIX}*")
+        assert published.get_message(timeout=5)["type"] == "psubscribe"
+        for n in range(2):
+            task_id, _ = route(table, n)
+            raw = table.claim("a", MODEL, 1)[0]
+            entry = (raw, keys.result(task_id), results.success(task_id, [n]))
+            assert table.complete("a", [entry], model=MODEL) == 1
+            assert published.get_message(timeout=5)["data"] == entry[2].encode()
+            assert r.get(keys.result(task_id)) == entry[2].encode()
+    assert r.llen(keys.inflight("a")) == 0
+    assert r.hgetall(keys.metrics(MODEL)) == {b"route:L1": b"2", b"stored": b"2"}
+    assert r.hget(keys.executor("a"), "batches") in (None, b"0")
+    assert not r.exists(keys.speed(MODEL))
+    table.count_batch("a", MODEL, 2, batches=2, counters=counts, speed=speed)
     assert r.hgetall(keys.metrics(MODEL)) == {
         b"route:L1": b"2",
         b"stored": b"2",
         b"outcome:SUCCESS": b"2",
         b"compute_ms:sum": b"5",
     }
-
-
-def test_results_stored_alone_then_counted_end_as_one_complete_would(table, r):
-    """At low load the results go out alone (count_later) and count.lua adds the batch's
-    bookkeeping after: the same metrics, executor counts and speed as one complete."""
-    speed = Speed(1.0, 0.5, 0.2, rate=100.0, lag_ms=12.0, max_batch=4, extra_ms=3.0)
-    counts = {"outcome:SUCCESS": 1, "compute_ms:sum": 2.5}
-    ends = {}
-    for executor_id, split in (("a", False), ("b", True)):
-        r.flushdb()
-        register(table, executor_id)
-        task_id, _ = route(table, 0)
-        raw = table.claim(executor_id, MODEL, 1)[0]
-        entry = (raw, keys.result(task_id), results.success(task_id, [0]))
-        if split:
-            with r.pubsub() as published:
-                published.psubscribe(f"{keys.RESULT_PREFIX}*")
-                assert published.get_message(timeout=5)["type"] == "psubscribe"
-                table.complete(
-                    executor_id, [entry], model=MODEL, counters=counts, speed=speed,
-                    count_later=True,
-                )  # fmt: skip
-                assert published.get_message(timeout=5)["data"] == entry[2].encode()
-            assert r.get(keys.result(task_id)) == entry[2].encode()
-            assert r.llen(keys.inflight(executor_id)) == 0
-            assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") is None
-            assert r.hget(keys.metrics(MODEL), "stored") == b"1"  # with the results
-            assert r.hget(keys.executor(executor_id), "batches") in (None, b"0")
-            assert not r.exists(keys.speed(MODEL))
-            table.count_batch(executor_id, MODEL, 1, counters=counts, speed=speed)
-        else:
-            table.complete(executor_id, [entry], model=MODEL, counters=counts, speed=speed)
-        executor = r.hgetall(keys.executor(executor_id))
-        ends[split] = (
-            r.hgetall(keys.metrics(MODEL)),
-            {f: executor.get(f) for f in (b"tasks", b"batches", b"rate", b"lag_ms", b"base_ms")},
-            r.hgetall(keys.speed(MODEL)),
-        )
-    assert ends[True] == ends[False]
-    assert ends[True][0][b"outcome:SUCCESS"] == b"1"
-    assert ends[True][1][b"tasks"] == b"1" and ends[True][2]
+    executor = r.hgetall(keys.executor("a"))
+    assert (executor[b"tasks"], executor[b"batches"], executor[b"rate"]) == (b"2", b"2", b"100")
+    assert table.speed(MODEL).rate == 100
 
 
 def test_a_count_for_a_gone_executor_adds_its_metrics_alone(table, r):
@@ -517,19 +492,17 @@ def test_complete_run_again_changes_nothing(table, r):
         for n, (raw, i) in enumerate(zip(raws, ids, strict=True))
     ]
     entries.append((junk, "", '{"reason": "BadInput: no id"}'))
-    counts = {"outcome:SUCCESS": 2}
-    table.complete("a", entries, model=MODEL, counters=counts)
+    assert table.complete("a", entries, model=MODEL) == 3
     before = {k: r.dump(k) for k in r.keys("*")}
     with r.pubsub() as published:
         published.psubscribe(f"{keys.RESULT_PREFIX}*")
         assert published.get_message(timeout=5)["type"] == "psubscribe"
         # Negated: the second run found nothing to store or drop, so nothing to count.
-        assert table.complete("a", entries, model=MODEL, counters=counts) == -3
-        assert table.complete("a", entries, count_later=True) == -3
+        assert table.complete("a", entries, model=MODEL) == -3
         assert published.get_message(timeout=0.2) is None
     assert {k: r.dump(k) for k in r.keys("*")} == before
     assert r.llen(keys.DEAD) == 1 and r.hget(keys.STATS, "duplicates") is None
-    assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") == b"2"
+    assert r.hget(keys.metrics(MODEL), "stored") == b"3"
 
 
 def test_complete_after_a_lost_store_stores_and_counts_it(table, r):
@@ -539,13 +512,13 @@ def test_complete_after_a_lost_store_stores_and_counts_it(table, r):
     task_id, _ = route(table, 0)
     raw = table.claim("a", MODEL, 1)[0]
     entry = (raw, keys.result(task_id), results.success(task_id, [0]))
-    table.complete("a", [entry], model=MODEL, counters={"outcome:SUCCESS": 1})
+    assert table.complete("a", [entry], model=MODEL) == 1
     r.delete(keys.result(task_id), keys.metrics(MODEL))  # the first run, lost
     r.lpush(keys.inflight("a"), raw)
-    table.complete("a", [entry], model=MODEL, counters={"outcome:SUCCESS": 1})
+    assert table.complete("a", [entry], model=MODEL) == 1  # to be counted
     assert r.get(keys.result(task_id)) == entry[2].encode()
     assert r.llen(keys.inflight("a")) == 0
-    assert r.hget(keys.metrics(MODEL), "outcome:SUCCESS") == b"1"
+    assert r.hget(keys.metrics(MODEL), "stored") == b"1"
 
 
 def test_complete_never_overwrites_a_revoked_result(table, r):

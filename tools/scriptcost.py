@@ -1,10 +1,8 @@
 """`python -m tandem.tools.scriptcost`: Redis's own time per task in each script on a
 task's path, from SLOWLOG at 0 µs on a Redis of its own, one client, no workers: the
-route of 256 tasks, claim_or_idle of 32, complete.lua, count.lua. Two ways to count a
-batch's bookkeeping (its metrics counters, the model's histograms among them), in
-alternated blocks, so that the host's drift falls on both: `in the store` (the counters
-in every complete.lua) and `owed` (complete.lua with the results alone, count.lua once
-per block of 40 batches, as an executor at saturation sends them every 0.25 s). What the
+route of 256 tasks, claim_or_idle of 32, complete.lua with the results, and count.lua
+once per block of 40 batches with their bookkeeping (their metrics counters, the model's
+histograms among them), as an executor at saturation sends it every 0.25 s. What the
 overhead profile's Redis CPU measures too, without the scheduling around it.
 
 `--backlog N,...`: claim_or_idle's time per claim of 32 from an L1 that already holds N
@@ -27,7 +25,6 @@ from tandem.broker.table import Table
 from tandem.server import RedisServer
 
 MODEL, BATCH, ROUTE, BLOCK = "sim:1", 32, 256, 40
-WAYS = ("in the store", "owed")
 
 
 def counters(rng: random.Random) -> Counter:
@@ -62,39 +59,29 @@ def _measure(r: redis.Redis, rounds: int) -> dict:
         for name in ("route", "claim_or_idle", "complete", "count")
     }
     rng = random.Random(1)
-    spent: dict[str, Counter] = {way: Counter() for way in WAYS}
-    tasks: Counter = Counter()
+    spent: Counter = Counter()
+    tasks = 0
     for n in range(rounds + 1):  # the first round warms the hashes up, unmeasured
-        for way in WAYS:
-            r.slowlog_reset()
-            owed: Counter = Counter()
-            for start in range(0, BLOCK * BATCH, ROUTE):
-                ids = _route(table, start)
-                for at in range(0, ROUTE, BATCH):
-                    entries = _claim(table, ids[at : at + BATCH])
-                    if way == "owed":
-                        table.complete("a", entries, model=MODEL, count_later=True)
-                        owed.update(counters(rng))
-                    else:
-                        table.complete("a", entries, model=MODEL, counters=counters(rng))
-            if owed:
-                table.count_batch("a", MODEL, BLOCK * BATCH, batches=BLOCK, counters=owed)
-            if n:
-                tasks[way] += BLOCK * BATCH
-                for entry in r.slowlog_get(100000):
-                    name = names.get((entry["command"].split() + [b"", b""])[1])
-                    if name:
-                        spent[way][name] += entry["duration"]
-    fields = r.hlen(keys.metrics(MODEL))
+        r.slowlog_reset()
+        owed: Counter = Counter()
+        for start in range(0, BLOCK * BATCH, ROUTE):
+            ids = _route(table, start)
+            for at in range(0, ROUTE, BATCH):
+                table.complete("a", _claim(table, ids[at : at + BATCH]), model=MODEL)
+                owed.update(counters(rng))
+        table.count_batch("a", MODEL, BLOCK * BATCH, batches=BLOCK, counters=owed)
+        if n:
+            tasks += BLOCK * BATCH
+            for entry in r.slowlog_get(100000):
+                name = names.get((entry["command"].split() + [b"", b""])[1])
+                if name:
+                    spent[name] += entry["duration"]
     return {
         "rounds": rounds,
-        "tasks_per_way": tasks[WAYS[0]],
-        "metrics_fields": fields,
-        "us_per_task": {
-            way: {name: round(us / tasks[way], 2) for name, us in sorted(spent[way].items())}
-            | {"all": round(sum(spent[way].values()) / tasks[way], 2)}
-            for way in WAYS
-        },
+        "tasks": tasks,
+        "metrics_fields": r.hlen(keys.metrics(MODEL)),
+        "us_per_task": {name: round(us / tasks, 2) for name, us in sorted(spent.items())}
+        | {"all": round(sum(spent.values()) / tasks, 2)},
     }
 
 
@@ -152,15 +139,15 @@ def _claim(table: Table, ids: list[str]) -> list[tuple[bytes, str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10, help="Blocks of each way.")
+    parser.add_argument("--rounds", type=int, default=10, help="Blocks of 40 batches.")
     parser.add_argument(
         "--backlog", default="100,10000,100000", help="L1 lengths to time a claim at ('' none)."
     )
     args = parser.parse_args()
     found = run(args.rounds)
-    print(f"{found['tasks_per_way']} tasks each way; the metrics hash: {found['metrics_fields']}")
-    for way, spent in found["us_per_task"].items():
-        print(f"{way:>13}: " + ", ".join(f"{k} {v} us" for k, v in spent.items()))
+    spent = ", ".join(f"{k} {v} us" for k, v in found["us_per_task"].items())
+    print(f"{found['tasks']} tasks; the metrics hash: {found['metrics_fields']} fields")
+    print(f"per task: {spent}")
     lengths = [int(n) for n in args.backlog.split(",") if n]
     for length, us in backlog(lengths).items():
         print(f"a claim of {BATCH} from an L1 of {length:,}: {us} us")

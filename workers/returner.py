@@ -193,7 +193,7 @@ class Returner:
         done.stored_at = time.time()
         size = retry(
             lambda: owner.table.complete(
-                owner.id, entries, model=owner.model_ref, count_later=True, wake_first=wake_first
+                owner.id, entries, model=owner.model_ref, wake_first=wake_first
             ),
             what=f"executor {owner.id}",
             each_try=owner.tick,

@@ -313,22 +313,3 @@ local function set_speed(hash, speed, rate, lag, extra)
     call('HINCRBY', speed, 'batches', rate > 0 and batch or -batch)
   end
 end
-
--- A stored batch's bookkeeping, for complete.lua and count.lua: from args[at] on, M, then
--- M (metrics field, increment) pairs, added to the metrics hash; then rate, lag_ms,
--- extra_ms, base_ms, per_item_ms, margin_ms (rate '' when not given), the executor's
--- latency model, which replaces its share of the speed hash. The executor's hash counts
--- the batches and their tasks.
-local function count_batch(args, at, tasks, batches, hash, metrics, speed)
-  local last = at + 2 * tonumber(args[at])
-  for i = at + 1, last, 2 do tally(metrics, args[i], args[i + 1]) end
-  if not registered(hash) then return end
-  call('HINCRBY', hash, 'tasks', tasks)
-  call('HINCRBY', hash, 'batches', batches)
-  local s = last + 1
-  if args[s] ~= '' and speed then
-    call('HSET', hash, 'base_ms', args[s + 3], 'per_item_ms', args[s + 4],
-      'margin_ms', args[s + 5])
-    set_speed(hash, speed, tonumber(args[s]), tonumber(args[s + 1]), tonumber(args[s + 2]))
-  end
-end

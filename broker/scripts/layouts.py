@@ -256,14 +256,11 @@ class StateArgs(NamedTuple):
     metrics: str
 
 
-@rest
 class CompleteKeys(NamedTuple):
     inflight: str
-    executor: str
     dead: str
     stats: str
     metrics: str
-    speed: Sequence[str]  # the speed hash, when a latency model is given
 
 
 @rest
@@ -271,8 +268,7 @@ class CompleteArgs(NamedTuple):
     result_ttl: int
     dead_cap: int
     dead_ttl: int
-    #: The bookkeeping (broker/table.py bookkeeping()), then (raw message, result key,
-    #: result JSON) triples.
+    #: (raw message, result key, result JSON) triples.
     batch: Sequence[Value]
 
 
