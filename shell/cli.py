@@ -325,6 +325,10 @@ def up(workers, min_workers, max_workers, **flags) -> None:
 def run() -> None:
     import redis
 
+    # A background job of a non-interactive shell starts with SIGINT ignored, and Python
+    # then leaves it so: `kill -INT` (or a terminal's Ctrl-C, once in the foreground)
+    # would never stop `up`, `demo` or `status --watch`. Every command stops on SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main(standalone_mode=True)
     except TandemError as e:

@@ -127,10 +127,12 @@ def hide_modules(folder: Path, *names: str) -> dict[str, str]:
 
 
 def start_up(folder, *args: str) -> tuple[subprocess.Popen, str]:
-    """`tandem up` in `folder`; returns the process and its banner line."""
+    """`tandem up` in `folder`; returns the process and its banner line. It starts with
+    SIGINT ignored, as a background job of a script does: a SIGINT stops it all the
+    same (a terminal's Ctrl-C, with SIGINT as Python sets it, is test_stopping's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     up = subprocess.Popen(
-        ["tandem", "up", *args],
+        ["sh", "-c", 'trap "" INT; exec tandem up "$@"', "sh", *args],
         cwd=folder,
         env=env,
         stdout=subprocess.PIPE,
