@@ -154,9 +154,9 @@ local LONG_LIST = 8192
 
 -- Up to n items from the tail of a list, oldest first; false when it is empty.
 local function pop_tail(key, n)
-  if not WALKS_FROM_HEAD or call('LLEN', key) <= LONG_LIST then
-    return call('RPOP', key, n)
-  end
+  if not WALKS_FROM_HEAD then return call('RPOP', key, n) end
+  local length = call('LLEN', key)
+  if length <= LONG_LIST then return length > 0 and call('RPOP', key, n) end
   local items = {}
   for i = 1, n do
     local m = redis.call('RPOP', key)  -- a list: LLEN's call() set any other type aside
