@@ -14,14 +14,12 @@ from tandem.broker.readmodel import Reads
 from tandem.broker.revocations import Revocations
 from tandem.broker.routes import ROUTE_CHUNK, Routes, routed_reply
 from tandem.broker.runner import convert_error
-from tandem.broker.steps import NO_SPEED, Steps, bookkeeping
+from tandem.broker.steps import Steps
 from tandem.broker.upkeep import Upkeep
 
 __all__ = [
-    "NO_SPEED",
     "ROUTE_CHUNK",
     "Table",
-    "bookkeeping",
     "convert_error",
     "routed_reply",
 ]

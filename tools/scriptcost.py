@@ -93,13 +93,10 @@ def backlog(lengths: list[int], claims: int = 100) -> dict[int, float]:
         try:
             r = redis.Redis.from_url(server.url)
             table = Table(r, Settings(result_expires_s=60))
-            table.register(
-                "a", MODEL, worker="w", max_batch=BATCH, ttl_ms=10**8, max_wait_ms=0.0, pid=1
-            )
             _, raw = message.encode(MODEL, [0], queue=keys.l1(MODEL))
             rng = random.Random(1)
             for length in lengths:
-                r.flushdb()
+                r.flushdb()  # each length on an empty Redis, its executor registered anew
                 table.register(
                     "a", MODEL, worker="w", max_batch=BATCH, ttl_ms=10**8, max_wait_ms=0.0, pid=1
                 )
