@@ -283,7 +283,7 @@ def test_the_autoscale_profile_accounts_for_every_task(tmp_path):
     assert row["offered"] == good + sum(row[p] for p in parts)
     assert row["lost"] == 0 and row["duplicated"] == 0 and row["failed"] == 0
     assert max(alive for _, alive, _, _ in row["timeline"]) > 1  # it scaled out
-    assert row["executor_s"] > 0 and row["vs_oracle"] > 0
+    assert row["executor_s"] > 0 and row["vs_oracle"] > 0 and row["formula_vs_oracle"] > 0
     assert 0 <= row["attainment_after"] <= 1  # outside the reaction to the step
     autoscale.plot([row], str(tmp_path / "autoscale.png"))
     assert (tmp_path / "autoscale.png").stat().st_size > 0
@@ -303,6 +303,12 @@ def test_the_autoscale_measures_are_what_they_say():
     assert autoscale.oracle_executor_s(low, 0, autoscale.NOMINAL_CAPACITY) == 10
     assert 20 < autoscale.oracle_executor_s(high, 0, autoscale.NOMINAL_CAPACITY) < 30
     assert autoscale.oracle_executor_s(step, 0, 40) < autoscale.oracle_executor_s(step, 3, 40)
+    # The formula with no delay and no window: 1x is one executor's capacity, so any
+    # headroom asks for two; 2x asks for three; with none, exactly what the load is.
+    assert autoscale.formula_executor_s(step, 0) == 4 * 2 + 6 * 3
+    assert autoscale.formula_executor_s(step, 0, headroom=0.0) == 4 * 1 + 6 * 2
+    assert autoscale.formula_executor_s(step, 2, headroom=0.0) == 2 * 1 + 8 * 2
+    assert autoscale.formula_executor_s(low, 0) == 10  # at least one
 
 
 def test_the_script_cost_measures_every_script_on_a_tasks_path():

@@ -19,7 +19,8 @@ scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
 One executor's capacity is measured first (a burst against one worker, no deadlines);
 the traces are multiples of it. The oracle is computed, not run (tools/oracle.py): each
 second, the fewest executors that answer every one of the trace's arrivals by its
-deadline, each started its cold start ahead.
+deadline, each started its cold start ahead. Beside it, what tandem's formula costs with
+no delay and no down window (`formula_executor_s`): the price of the headroom alone.
 
 Time runs COMPRESS times faster than on a real cluster: traces of minutes, HPA's 15 s
 sync and 300 s window, Ray's 30 s and 600 s delays, tandem's 120 s window and a 60 s flap
@@ -243,6 +244,8 @@ def _measure(
     row["capacity_rps"] = capacity
     row["oracle_executor_s"] = oracle_executor_s(trace, cold_s, capacity, seed)
     row["vs_oracle"] = round(row["executor_s"] / row["oracle_executor_s"], 2)
+    formula = formula_executor_s(trace, cold_s)
+    row["formula_vs_oracle"] = round(formula / row["oracle_executor_s"], 2)
     row["signal_capacity_rps"] = estimated  # one executor's capacity at the SLO, as tandem saw it
     return row
 
@@ -297,6 +300,19 @@ def oracle_executor_s(trace: Trace, cold_s: float, capacity: float, seed: int = 
     counts = oracle.plan(
         schedule, math.ceil(trace.seconds), COST["slo_ms"] / 1000, unit, MAX_WORKERS
     )
+    return oracle.executor_seconds(counts, cold_s)
+
+
+def formula_executor_s(trace: Trace, cold_s: float, headroom: float = HEADROOM) -> float:
+    """Executor-seconds of tandem's formula, ceil(load x (1 + headroom)), applied each
+    second to the trace's own load with no delay and no down window, each executor
+    foreseen as the oracle's are. At a load of exactly n executors' capacity any headroom
+    asks for n + 1, where the oracle runs n at 100 %."""
+    counts = [
+        min(MAX_WORKERS, max(1, math.ceil(round(most * (1 + headroom), 6))))
+        for second in range(math.ceil(trace.seconds))
+        for most in [max(trace.load(second), trace.load(second + 0.999))]
+    ]
     return oracle.executor_seconds(counts, cold_s)
 
 
@@ -389,6 +405,7 @@ COLUMNS = (
     "late",
     "executor_s",
     "vs_oracle",
+    "formula_vs_oracle",
     "to_enough_s",
     "flaps",
     "scale_ins",
