@@ -9,7 +9,8 @@ then a message with no usable id pushed straight into L1 (a dead letter). Every
 count and the sizes of the revoked set, the deadlines set and the dead letters. After
 the load stops it waits for the results to expire and counts the keys again: they must
 come back to what the stack held before the load (its executors, counters and latency
-models), with no result left.
+models), with no result left. Redis's own memory count (used_memory, and Lua's share) is
+taken at the same two moments: RSS also keeps what the allocator has not given back.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class SteadyReport:
     keys_before: int = 0
     keys_after: int = 0
     results_left: int = 0
+    memory_before: dict[str, int] = field(default_factory=dict)  # Redis's, in KiB
+    memory_after: dict[str, int] = field(default_factory=dict)
     kinds_after: Counter = field(default_factory=Counter)  # key kind -> count, once expired
     samples: list[Sample] = field(default_factory=list)
 
@@ -111,6 +114,10 @@ class SteadyReport:
         )
         for kind, count in sorted(self.kinds_after.items()):
             out.append(f"  {kind:40s} {count}")
+        out.append("Redis's memory (KiB) before the load and once results expired:")
+        for name in self.memory_before:
+            before, after = self.memory_before[name], self.memory_after.get(name, 0)
+            out.append(f"  {name:16s} {before:8d} {after:8d}")
         return out
 
     def warm(self) -> Sample:
@@ -166,6 +173,7 @@ class Steady:
         try:
             wait_for_executors(self.redis, 2 * len(MODELS), 120, list(self.processes.values()))
             self.report.keys_before = self.redis.dbsize()
+            self.report.memory_before = self._memory()
             self._load(sample_s)
             self._expire()
         finally:
@@ -274,9 +282,16 @@ class Steady:
             time.sleep(1.0)  # polling Redis's expiry, bounded by the deadline
         self.report.results_left = self._results_left()
         self.report.keys_after = self.redis.dbsize()
+        self.report.memory_after = self._memory()
         self.report.kinds_after = Counter(
             kind(key.decode(errors="replace")) for key in self.redis.scan_iter(count=1000)
         )
+
+    def _memory(self) -> dict[str, int]:
+        """Redis's own count of its memory, and what its allocator holds, in KiB."""
+        info = self.redis.info("memory")
+        names = ("used_memory", "used_memory_lua", "used_memory_rss")
+        return {name: int(info[name]) // 1024 for name in names}
 
     def _results_left(self) -> int:
         return sum(1 for _ in self.redis.scan_iter(f"{keys.RESULT_PREFIX}*", count=1000))
