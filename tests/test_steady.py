@@ -33,13 +33,6 @@ def test_a_short_steady_run_answers_every_task_and_leaves_no_per_task_key():
         assert set(sample.rss_kb) == {"coordinator", "worker 0", "worker 1", "redis"}
     assert any(line.startswith("keys before the load") for line in report.lines())
     # Redis's memory, by its own count, before the load and once the results expired.
-    assert (
-        set(report.memory_before)
-        == set(report.memory_after)
-        == {
-            "used_memory",
-            "used_memory_lua",
-            "used_memory_rss",
-        }
-    )
+    names = {"used_memory", "used_memory_lua", "used_memory_rss"}
+    assert set(report.memory_before) == set(report.memory_after) == names
     assert all(kb > 0 for kb in (*report.memory_before.values(), *report.memory_after.values()))

@@ -308,11 +308,10 @@ def formula_executor_s(trace: Trace, cold_s: float, headroom: float = HEADROOM) 
     second to the trace's own load with no delay and no down window, each executor
     foreseen as the oracle's are. At a load of exactly n executors' capacity any headroom
     asks for n + 1, where the oracle runs n at 100 %."""
-    counts = [
-        min(MAX_WORKERS, max(1, math.ceil(round(most * (1 + headroom), 6))))
-        for second in range(math.ceil(trace.seconds))
-        for most in [max(trace.load(second), trace.load(second + 0.999))]
-    ]
+    counts = []
+    for second in range(math.ceil(trace.seconds)):
+        most = max(trace.load(second), trace.load(second + 0.999))  # the second's peak
+        counts.append(min(MAX_WORKERS, max(1, math.ceil(round(most * (1 + headroom), 6)))))
     return oracle.executor_seconds(counts, cold_s)
 
 
