@@ -64,6 +64,12 @@ def capacity_at_slo(executor: ExecutorInfo, slo_ms: float | None) -> float | Non
     return capacity if 0 < capacity < math.inf else None  # a rate too small to hold
 
 
+def executors_for(load: float, headroom: float) -> int:
+    """Executors for a load in executors' worth of capacity, with headroom over it:
+    ceil(load x (1 + headroom)), rounded first so that an exact multiple asks no more."""
+    return math.ceil(round(load * (1 + headroom), 6))
+
+
 class Rate:
     """The rate of a counter that only grows, over a sliding window of samples."""
 
@@ -123,7 +129,7 @@ class Signal:
         s = self.settings
         needed = 0
         if self.capacity_rps > 0:
-            needed = math.ceil(round(offered * (1 + s.scale_headroom) / self.capacity_rps, 6))
+            needed = executors_for(offered / self.capacity_rps, s.scale_headroom)
         if waiting or offered > 0:
             needed = max(needed, 1)  # demand and no executor: ask for one
         self.needs.append((t_s, needed))

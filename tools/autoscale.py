@@ -46,6 +46,7 @@ from tandem.autoscale import LocalScaler
 from tandem.broker.errors import Overloaded, QueueFull
 from tandem.broker.settings import Settings
 from tandem.broker.table import Table
+from tandem.coordinator.scaling import executors_for
 from tandem.producers.client import Client
 from tandem.stack import Stack
 from tandem.tools import harness, oracle
@@ -150,7 +151,7 @@ class Policy:
 
     def __call__(self, t: float, running: int) -> int:
         if self.name == "static":  # the peak, with the same headroom as tandem's signal
-            return math.ceil(round(self.peak * (1 + HEADROOM), 6))
+            return executors_for(self.peak, HEADROOM)
         if self.name == "churn":
             return 3 if (t // CHURN_S) % 2 == 0 else 1
         if self.name == "tandem":
@@ -311,7 +312,7 @@ def formula_executor_s(trace: Trace, cold_s: float, headroom: float = HEADROOM) 
     counts = []
     for second in range(math.ceil(trace.seconds)):
         most = max(trace.load(second), trace.load(second + 0.999))  # the second's peak
-        counts.append(min(MAX_WORKERS, max(1, math.ceil(round(most * (1 + headroom), 6)))))
+        counts.append(min(MAX_WORKERS, max(1, executors_for(most, headroom))))
     return oracle.executor_seconds(counts, cold_s)
 
 
