@@ -114,16 +114,26 @@ for command in (
     "--ready-file",
     help="Keep this file fresh while every executor is registered (see tandem ready).",
 )
-def worker(**flags) -> None:
+@click.option(
+    "--standby",
+    is_flag=True,
+    help="Import everything, then wait for a line on stdin before loading the models and "
+    "serving; exit if stdin closes first (tandem up's spare worker).",
+)
+def worker(standby, **flags) -> None:
     """Run a Celery worker that hosts one executor per --model."""
     from tandem.broker.extras import require
 
     require("worker", "tandem worker")
-    from tandem.workers.bootstep import run_worker
+    from tandem.workers.bootstep import prepare, run_worker
 
     settings = joined(**flags)
     setup_logging(settings.loglevel)
     _watch_lifeline(settings)
+    if standby:
+        prepare()
+        if not sys.stdin.readline():
+            return  # never needed: the stack stopped first
     run_worker(settings)
 
 
@@ -246,7 +256,14 @@ def stack_options(f):
     "(see docs/operating.md, Scaling).",
 )
 @click.option("--max-workers", type=int, help="The most workers the stack scales out to.")
-def up(workers, min_workers, max_workers, **flags) -> None:
+@click.option(
+    "--standby/--no-standby",
+    default=True,
+    show_default=True,
+    help="With --max-workers: keep a spare worker process, its imports done and no model "
+    "loaded, so a scale-out waits only for the models' load.",
+)
+def up(workers, min_workers, max_workers, standby, **flags) -> None:
     """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers.
 
     Ctrl-C stops it in order (the workers hand back what they hold, then the coordinator,
@@ -270,7 +287,7 @@ def up(workers, min_workers, max_workers, **flags) -> None:
                 param_hint="--min-workers/--max-workers",
             )
         workers = max(min_workers, 1)  # one at least, so the models register at once
-    stack = Stack(settings, workers=workers, embedded=embedded).start()
+    stack = Stack(settings, workers=workers, embedded=embedded, standby=scaling and standby).start()
     scaler = None
     if scaling:
         import redis

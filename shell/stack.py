@@ -88,10 +88,12 @@ def spawn(
     name: str | None = None,
     env: dict[str, str] | None = None,
     pass_fds: tuple[int, ...] = (),
+    stdin: int | None = None,
 ) -> Child:
     """Start `python -m MODULE ARGS` (by default `tandem ARGS`), its output going to log_path,
     in a session of its own (a terminal's Ctrl-C reaches only its owner). env: more
-    variables for it; pass_fds: file descriptors it inherits (its lifeline, say)."""
+    variables for it; pass_fds: file descriptors it inherits (its lifeline, say); stdin:
+    subprocess.PIPE to write to it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings_env(settings), **(env or {})}
     with open(log_path, "ab") as log:
@@ -101,6 +103,7 @@ def spawn(
             log_path=log_path,
             log_start=log.tell(),
             env=env,
+            stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -168,7 +171,13 @@ class Stack:
     Every process it starts sees it gone, however it ends (broker/lifeline.py): the
     coordinator and the workers stop as on SIGTERM, and the embedded Redis stops once
     they all have (shell/keeper.py). None of them is in the caller's process group, so
-    a terminal's Ctrl-C reaches only the caller, which stops them in order (stop())."""
+    a terminal's Ctrl-C reaches only the caller, which stops them in order (stop()).
+
+    With `standby`, one more worker process waits as a spare (`tandem worker --standby`):
+    its imports done (torch, Celery: most of a worker's start that is not its models'
+    load), no model loaded and no executor registered, so it holds no device memory and
+    no task. add_worker() puts the spare to work and starts the next one: a scale-out
+    then waits for the models' load, not for a new process's imports."""
 
     def __init__(
         self,
@@ -177,6 +186,7 @@ class Stack:
         workers: int = 2,
         embedded: bool = True,
         data_dir: str | Path = STACK_FILE.parent,
+        standby: bool = False,
     ) -> None:
         self.settings = settings
         self.workers = workers
@@ -187,6 +197,8 @@ class Stack:
         self.processes: list[Child] = []
         #: Workers told to stop by a scale-in (retire()), until they have.
         self.retiring: list[Child] = []
+        self.standby = standby
+        self.spare: Child | None = None  # the standby worker, not yet serving
         self._named = 0  # workers started so far: the next is worker{_named + 1}
         self._lifeline: lifeline.Pipe | None = None  # its children see this process gone
         self._holders: lifeline.Pipe | None = None  # Redis sees the whole stack gone
@@ -232,22 +244,41 @@ class Stack:
         finally:
             client.close()
 
-    def _spawn(self, args: list[str], name: str, **changes) -> Child:
+    def _spawn(self, args: list[str], name: str, stdin: int | None = None, **changes) -> Child:
         """One process of the stack, with its lifelines: `tandem ARGS`, logging to NAME.log."""
         assert self._lifeline is not None and self._holders is not None  # made by start()
         settings = self.settings.replace(lifeline_fd=self._lifeline.read_fd, **changes)
         fds = (self._lifeline.read_fd, self._holders.write_fd)
-        return spawn(args, settings, self.data_dir / "logs" / f"{name}.log", pass_fds=fds)
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        return spawn(args, settings, log_path, pass_fds=fds, stdin=stdin)
 
     def add_worker(self) -> Child:
-        """Start one more worker (worker1, worker2, ...); it registers once it has loaded
-        its models."""
-        self._named += 1
-        name = f"worker{self._named}"
-        process = self._spawn(["worker"], name, hostname=f"{name}@%h")
+        """Start one more worker (worker1, worker2, ...), the spare if there is one; it
+        registers once it has loaded its models."""
+        process, self.spare = self.spare, None
+        if process is None or process.poll() is not None:  # exited: exited() names it
+            process = self._new_worker()
+        else:
+            assert process.stdin is not None  # a spare's
+            try:
+                process.stdin.write(b"go\n")
+                process.stdin.close()
+            except BrokenPipeError:  # it exited meanwhile: exited() names it
+                process = self._new_worker()
         self.processes.append(process)
+        if self.standby:
+            self.spare = self._new_worker(standby=True)
         self._write_stack_file()
         return process
+
+    def _new_worker(self, standby: bool = False) -> Child:
+        self._named += 1
+        name = f"worker{self._named}"
+        if not standby:
+            return self._spawn(["worker"], name, hostname=f"{name}@%h")
+        return self._spawn(
+            ["worker", "--standby"], name, stdin=subprocess.PIPE, hostname=f"{name}@%h"
+        )
 
     def retire(self, process: Child) -> None:
         """Stop one worker warmly (a scale-in): SIGTERM, and no wait; it finishes the batch
@@ -266,7 +297,7 @@ class Stack:
         and the pids of the stack's processes, for an operator."""
         if not self.server:
             return  # not embedded: no stack file
-        pids = {p.name: p.pid for p in (*self.processes, *self.retiring)}
+        pids = {p.name: p.pid for p in (*self.processes, *self.retiring, *self._spares())}
         if self.server.process:
             pids["redis"] = self.server.process.pid
         self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "pids": pids}))
@@ -279,7 +310,12 @@ class Stack:
         lapses. A KeyboardInterrupt meanwhile (a second Ctrl-C) kills what is left at
         once, and is raised again."""
         try:
-            workers, coordinator = self.running_workers + self.retiring, self.processes[:1]
+            spares = self._spares()
+            for spare in spares:  # its stdin closed, it exits at once
+                assert spare.stdin is not None
+                spare.stdin.close()
+            workers = self.running_workers + self.retiring + spares
+            coordinator = self.processes[:1]
             for process in stop_all(workers, STOP_WORKERS_S) + stop_all(
                 coordinator, STOP_COORDINATOR_S
             ):
@@ -304,10 +340,11 @@ class Stack:
     def kill(self) -> None:
         """Stop everything at once: SIGKILL to the coordinator and the workers (what they
         held is in Redis), then Redis stopped (SIGTERM: it writes its AOF at once)."""
-        for process in (*self.processes, *self.retiring):
+        everything = (*self.processes, *self.retiring, *self._spares())
+        for process in everything:
             if process.poll() is None:
                 process.kill()
-        for process in (*self.processes, *self.retiring):
+        for process in everything:
             process.wait()
         if self.server:
             self.server.stop(STOP_REDIS_S)
@@ -318,6 +355,7 @@ class Stack:
         child still running then stops by itself), and drop the stack file."""
         self.processes.clear()
         self.retiring.clear()
+        self.spare = None
         for pipe in (self._lifeline, self._holders):
             if pipe is not None:
                 pipe.close()
@@ -333,7 +371,10 @@ class Stack:
             if process.returncode:
                 log.warning("%s stopped with code %d", process.name, process.returncode)
             self._write_stack_file()
-        return next((e for p in self.processes if (e := p.exited())), None)
+        return next((e for p in (*self.processes, *self._spares()) if (e := p.exited())), None)
+
+    def _spares(self) -> list[Child]:
+        return [self.spare] if self.spare is not None else []
 
     def check(self) -> None:
         """Raise ProcessExited if one of the stack's processes has exited."""

@@ -1,6 +1,7 @@
 """`tandem up --min-workers N --max-workers M`: the workers follow the coordinator's
 scaling signal out under load and back in after it, the idlest first, and every task a
-stopped worker held is answered exactly once."""
+stopped worker held is answered exactly once. A standby worker waits, imported and
+holding nothing, for the next scale-out."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import signal
 import subprocess
 import time
 
+import psutil
 import redis
 
 from helpers import wait_until
 from tandem.broker.errors import Overloaded
+from tandem.broker.settings import Settings
 from tandem.broker.table import Table
 from tandem.producers.client import Client
+from tandem.stack import Stack
 
 #: sim at 100 ms a batch of at most 4 (about 40 tasks/s a worker), a short down window.
 ENV = {
@@ -48,6 +52,8 @@ def test_up_scales_out_under_load_and_back_in_after_losing_nothing(tmp_path):
         url = json.loads((tmp_path / ".tandem" / "stack.json").read_text())["url"]
         r = redis.Redis.from_url(url)
         assert len(live_workers(r)) == 1
+        pids = json.loads((tmp_path / ".tandem" / "stack.json").read_text())["pids"]
+        assert "worker2" in pids  # the standby: started, not serving
         accepted, peak = [], set()
         with Client(url) as client:
             start = time.monotonic()
@@ -79,7 +85,49 @@ def test_up_scales_out_under_load_and_back_in_after_losing_nothing(tmp_path):
         logs = (tmp_path / ".tandem" / "logs").glob("worker*.log")
         stopped = [p for p in logs if "stopped; handed" in p.read_text()]
         assert len(stopped) == 2  # each retired warmly
+        pids = json.loads((tmp_path / ".tandem" / "stack.json").read_text())["pids"]
         r.close()
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(60)
+    left = [name for name, pid in pids.items() if psutil.pid_exists(pid)]
+    assert left == [], f"still running after up stopped: {left}"
+
+
+def names(client: redis.Redis) -> set[str]:
+    """The node names of the registered executors' workers, without their host."""
+    return {e.worker.partition("@")[0] for e in Table(client).executors()}
+
+
+def test_a_standby_worker_serves_once_added_and_stops_with_the_stack(tmp_path):
+    settings = Settings().replace(models=("sim:1",), loglevel="WARNING")
+    with Stack(settings, workers=1, data_dir=tmp_path, standby=True) as stack:
+        r = redis.Redis.from_url(stack.url)
+        spare = stack.spare
+        assert spare is not None and spare not in stack.running_workers
+        assert names(r) == {"worker1"}  # the spare registers nothing
+        worker = stack.add_worker()
+        assert worker is spare and stack.spare is not None and stack.spare is not spare
+        wait_until(lambda: names(r) == {"worker1", spare.name}, 60, "the spare to register")
+        with Client(stack.url) as client:
+            results = client.submit_many("sim:1", [[n] for n in range(20)])
+            assert [res.get(timeout=30) for res in results] == [[float(n)] for n in range(20)]
+        assert stack.spare.name not in names(r)
+        r.close()
+        everything = [*stack.processes, stack.spare]
+    assert all(p.poll() is not None for p in everything)
+
+
+def test_a_standby_worker_whose_stdin_closes_exits_having_loaded_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    done = subprocess.run(
+        ["tandem", "worker", "--standby", "--model", "sim:1", "--loglevel", "INFO"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**env, "TANDEM_REDIS_URL": "redis://127.0.0.1:1/0"},  # never reached
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loading" not in done.stdout + done.stderr

@@ -5,7 +5,10 @@ a worker takes cold_s to load its model before its executor registers. Open-loop
 arrivals follow a trace in multiples of one executor's capacity, every task due within
 the SLO of its scheduled arrival; results are recorded by a process of their own
 (harness.Recorder). Every TICK_S a policy sets how many worker processes run; one
-scale-in stops the idlest worker, warmly (shell/autoscale.py). Policies:
+scale-in stops the idlest worker, warmly (shell/autoscale.py). As `tandem up
+--max-workers` does, the stack keeps a standby worker (shell/stack.py), its imports done
+and no model loaded: a scale-out waits for the cold start alone. Holding no model, it
+counts as no executor. Policies:
 
 - static: the trace's peak, all the time;
 - keda: KEDA's Redis trigger through an HPA, ceil(L1 length / LIST_LENGTH), read every
@@ -24,8 +27,7 @@ no delay and no down window (`formula_executor_s`): the price of the headroom al
 
 Time runs COMPRESS times faster than on a real cluster: traces of minutes, HPA's 15 s
 sync and 300 s window, Ray's 30 s and 600 s delays, tandem's 120 s window and a 60 s flap
-window are each divided by COMPRESS. A worker process's own start (Python, torch's
-import: a few seconds here) is not: it adds to the injected cold start.
+window are each divided by COMPRESS. The injected cold start is not.
 """
 
 from __future__ import annotations
@@ -201,12 +203,16 @@ def run(
     settings: Settings,
     capacity: float = NOMINAL_CAPACITY,
     seed: int = 1,
+    standby: bool = True,
 ) -> dict[str, Any]:
     """One policy on one trace at multiples of `capacity` (one executor's, tasks/s), on a
-    stack of its own. Returns its row, with its timeline."""
+    stack of its own (with a standby worker, or without: each start then a new process's
+    too). Returns its row, with its timeline."""
     with (
         tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as folder,
-        Stack(_settings(settings, cold_s), workers=1, data_dir=Path(folder)) as stack,
+        Stack(
+            _settings(settings, cold_s), workers=1, data_dir=Path(folder), standby=standby
+        ) as stack,
     ):
         return _measure(stack, policy_name, trace, cold_s, capacity, seed)
 

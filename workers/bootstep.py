@@ -175,6 +175,16 @@ def _stopped_loading(signum, frame) -> None:
     raise SystemExit(0)
 
 
+def prepare() -> None:
+    """Import what run_worker and Celery's worker need, ahead of it: a standby worker
+    (`tandem worker --standby`) then starts serving in the time its models take to load."""
+    import celery.apps.worker  # noqa: F401
+    import celery.bin.celery  # noqa: F401
+    import kombu.transport.redis  # noqa: F401
+
+    import tandem.workers.control  # noqa: F401
+
+
 def run_worker(settings: Settings) -> None:
     """Run a Celery worker hosting one executor per model, until SIGTERM or SIGINT."""
     import tandem.workers.control  # noqa: F401 - registers tandem's remote control commands
