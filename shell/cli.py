@@ -257,11 +257,12 @@ def stack_options(f):
 )
 @click.option("--max-workers", type=int, help="The most workers the stack scales out to.")
 @click.option(
-    "--standby/--no-standby",
-    default=True,
+    "--standby",
+    type=click.IntRange(min=0),
+    default=1,
     show_default=True,
-    help="With --max-workers: keep a spare worker process, its imports done and no model "
-    "loaded, so a scale-out waits only for the models' load.",
+    help="With --max-workers: spare worker processes kept ready, their imports done and no "
+    "model loaded, so a scale-out waits only for the models' load; 0: none.",
 )
 def up(workers, min_workers, max_workers, standby, **flags) -> None:
     """Run a local stack until Ctrl-C: Redis (embedded unless --redis), coordinator, workers.
@@ -287,7 +288,9 @@ def up(workers, min_workers, max_workers, standby, **flags) -> None:
                 param_hint="--min-workers/--max-workers",
             )
         workers = max(min_workers, 1)  # one at least, so the models register at once
-    stack = Stack(settings, workers=workers, embedded=embedded, standby=scaling and standby).start()
+    stack = Stack(
+        settings, workers=workers, embedded=embedded, standby=standby if scaling else 0
+    ).start()
     scaler = None
     if scaling:
         import redis

@@ -173,11 +173,11 @@ class Stack:
     they all have (shell/keeper.py). None of them is in the caller's process group, so
     a terminal's Ctrl-C reaches only the caller, which stops them in order (stop()).
 
-    With `standby`, one more worker process waits as a spare (`tandem worker --standby`):
-    its imports done (torch, Celery: most of a worker's start that is not its models'
-    load), no model loaded and no executor registered, so it holds no device memory and
-    no task. add_worker() puts the spare to work and starts the next one: a scale-out
-    then waits for the models' load, not for a new process's imports."""
+    With `standby` N, N more worker processes wait as spares (`tandem worker --standby`):
+    their imports done (torch, Celery: most of a worker's start that is not its models'
+    load), no model loaded and no executor registered, so they hold no device memory and
+    no task. add_worker() puts the oldest spare to work and starts another: a scale-out
+    then waits for the models' load, not for a new process and its imports."""
 
     def __init__(
         self,
@@ -186,7 +186,7 @@ class Stack:
         workers: int = 2,
         embedded: bool = True,
         data_dir: str | Path = STACK_FILE.parent,
-        standby: bool = False,
+        standby: int = 0,
     ) -> None:
         self.settings = settings
         self.workers = workers
@@ -198,7 +198,7 @@ class Stack:
         #: Workers told to stop by a scale-in (retire()), until they have.
         self.retiring: list[Child] = []
         self.standby = standby
-        self.spare: Child | None = None  # the standby worker, not yet serving
+        self.spares: list[Child] = []  # standby workers, not yet serving, oldest first
         self._named = 0  # workers started so far: the next is worker{_named + 1}
         self._lifeline: lifeline.Pipe | None = None  # its children see this process gone
         self._holders: lifeline.Pipe | None = None  # Redis sees the whole stack gone
@@ -255,10 +255,12 @@ class Stack:
     def add_worker(self) -> Child:
         """Start one more worker (worker1, worker2, ...), the spare if there is one; it
         registers once it has loaded its models."""
-        process, self.spare = self.spare, None
-        if process is None or process.poll() is not None:  # exited: exited() names it
+        spare = next((p for p in self.spares if p.poll() is None), None)
+        if spare is None:  # none, or exited: exited() names one that did
             process = self._new_worker()
         else:
+            self.spares.remove(spare)
+            process = spare
             assert process.stdin is not None  # a spare's
             try:
                 process.stdin.write(b"go\n")
@@ -266,8 +268,8 @@ class Stack:
             except BrokenPipeError:  # it exited meanwhile: exited() names it
                 process = self._new_worker()
         self.processes.append(process)
-        if self.standby:
-            self.spare = self._new_worker(standby=True)
+        while len(self.spares) < self.standby:
+            self.spares.append(self._new_worker(standby=True))
         self._write_stack_file()
         return process
 
@@ -297,7 +299,7 @@ class Stack:
         and the pids of the stack's processes, for an operator."""
         if not self.server:
             return  # not embedded: no stack file
-        pids = {p.name: p.pid for p in (*self.processes, *self.retiring, *self._spares())}
+        pids = {p.name: p.pid for p in (*self.processes, *self.retiring, *self.spares)}
         if self.server.process:
             pids["redis"] = self.server.process.pid
         self.stack_file.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "pids": pids}))
@@ -310,7 +312,7 @@ class Stack:
         lapses. A KeyboardInterrupt meanwhile (a second Ctrl-C) kills what is left at
         once, and is raised again."""
         try:
-            spares = self._spares()
+            spares = self.spares
             for spare in spares:  # its stdin closed, it exits at once
                 assert spare.stdin is not None
                 spare.stdin.close()
@@ -340,7 +342,7 @@ class Stack:
     def kill(self) -> None:
         """Stop everything at once: SIGKILL to the coordinator and the workers (what they
         held is in Redis), then Redis stopped (SIGTERM: it writes its AOF at once)."""
-        everything = (*self.processes, *self.retiring, *self._spares())
+        everything = (*self.processes, *self.retiring, *self.spares)
         for process in everything:
             if process.poll() is None:
                 process.kill()
@@ -355,7 +357,7 @@ class Stack:
         child still running then stops by itself), and drop the stack file."""
         self.processes.clear()
         self.retiring.clear()
-        self.spare = None
+        self.spares = []
         for pipe in (self._lifeline, self._holders):
             if pipe is not None:
                 pipe.close()
@@ -371,10 +373,7 @@ class Stack:
             if process.returncode:
                 log.warning("%s stopped with code %d", process.name, process.returncode)
             self._write_stack_file()
-        return next((e for p in (*self.processes, *self._spares()) if (e := p.exited())), None)
-
-    def _spares(self) -> list[Child]:
-        return [self.spare] if self.spare is not None else []
+        return next((e for p in (*self.processes, *self.spares) if (e := p.exited())), None)
 
     def check(self) -> None:
         """Raise ProcessExited if one of the stack's processes has exited."""

@@ -101,20 +101,20 @@ def names(client: redis.Redis) -> set[str]:
 
 def test_a_standby_worker_serves_once_added_and_stops_with_the_stack(tmp_path):
     settings = Settings().replace(models=("sim:1",), loglevel="WARNING")
-    with Stack(settings, workers=1, data_dir=tmp_path, standby=True) as stack:
+    with Stack(settings, workers=1, data_dir=tmp_path, standby=2) as stack:
         r = redis.Redis.from_url(stack.url)
-        spare = stack.spare
-        assert spare is not None and spare not in stack.running_workers
-        assert names(r) == {"worker1"}  # the spare registers nothing
+        first, second = stack.spares
+        assert {first.name, second.name} == {"worker2", "worker3"}
+        assert names(r) == {"worker1"}  # the spares register nothing
         worker = stack.add_worker()
-        assert worker is spare and stack.spare is not None and stack.spare is not spare
-        wait_until(lambda: names(r) == {"worker1", spare.name}, 60, "the spare to register")
+        assert worker is first and stack.spares[0] is second and len(stack.spares) == 2
+        wait_until(lambda: names(r) == {"worker1", "worker2"}, 60, "the spare to register")
         with Client(stack.url) as client:
             results = client.submit_many("sim:1", [[n] for n in range(20)])
             assert [res.get(timeout=30) for res in results] == [[float(n)] for n in range(20)]
-        assert stack.spare.name not in names(r)
+        assert names(r) == {"worker1", "worker2"}
         r.close()
-        everything = [*stack.processes, stack.spare]
+        everything = [*stack.processes, *stack.spares]
     assert all(p.poll() is not None for p in everything)
 
 

@@ -6,9 +6,10 @@ arrivals follow a trace in multiples of one executor's capacity, every task due 
 the SLO of its scheduled arrival; results are recorded by a process of their own
 (harness.Recorder). Every TICK_S a policy sets how many worker processes run; one
 scale-in stops the idlest worker, warmly (shell/autoscale.py). As `tandem up
---max-workers` does, the stack keeps a standby worker (shell/stack.py), its imports done
-and no model loaded: a scale-out waits for the cold start alone. Holding no model, it
-counts as no executor. Policies:
+--max-workers --standby STANDBY` does, the stack keeps STANDBY standby workers
+(shell/stack.py), their imports done and no model loaded: a scale-out of up to STANDBY
+workers waits for the cold start alone. Holding no model, they count as no executors.
+Policies:
 
 - static: the trace's peak, all the time;
 - keda: KEDA's Redis trigger through an HPA, ceil(L1 length / LIST_LENGTH), read every
@@ -62,6 +63,8 @@ NOMINAL_CAPACITY = 8 * 1000 / (80.0 + 2.5 * 8)
 COMPRESS = 5
 TICK_S = 1.0
 MAX_WORKERS = 6
+#: Standby workers: enough for the step's scale-out, from 2 workers at 1x to 5 at 4x.
+STANDBY = 3
 HEADROOM = 0.15
 LIST_LENGTH = 2 * 8  # KEDA's listLength: two batches waiting per worker
 HPA_SYNC_S, HPA_DOWN_S = 15 / COMPRESS, 300 / COMPRESS
@@ -203,11 +206,11 @@ def run(
     settings: Settings,
     capacity: float = NOMINAL_CAPACITY,
     seed: int = 1,
-    standby: bool = True,
+    standby: int = STANDBY,
 ) -> dict[str, Any]:
     """One policy on one trace at multiples of `capacity` (one executor's, tasks/s), on a
-    stack of its own (with a standby worker, or without: each start then a new process's
-    too). Returns its row, with its timeline."""
+    stack of its own, with `standby` standby workers (with none, a start is also a new
+    process's and its imports). Returns its row, with its timeline."""
     with (
         tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as folder,
         Stack(
