@@ -131,3 +131,13 @@ def test_a_standby_worker_whose_stdin_closes_exits_having_loaded_nothing(tmp_pat
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "loading" not in done.stdout + done.stderr
+
+
+def test_a_standby_worker_that_dies_is_named_as_a_worker_would_be(tmp_path):
+    settings = Settings().replace(models=("sim:1",), loglevel="WARNING")
+    with Stack(settings, workers=1, data_dir=tmp_path, standby=1) as stack:
+        (spare,) = stack.spares
+        spare.kill()  # as the OOM killer would
+        error = wait_until(stack.exited, 30, "the stack to see its spare gone")
+        assert spare.name in str(error) and "-9" in str(error)
+        assert stack.add_worker() is not spare  # a new process serves instead
