@@ -8,7 +8,11 @@ is, not how many executors are needed. The signal here is demand over capacity:
   failure, the shed included), refused at submit (Overloaded, QueueFull), and the growth
   of what waits (L1, the retry list, the executors' L2 and in-flight), so tasks that
   plain Celery clients publish count too. It is the larger of its rate over
-  SHORT_WINDOW_S and over LONG_WINDOW_S: it rises within seconds and falls slowly.
+  SHORT_WINDOW_S and over LONG_WINDOW_S: it rises within seconds and falls slowly. A
+  surge is taken sooner: when both halves of the last SURGE_S each hold far more
+  arrivals than the rate before them explains (SURGE_Z standard deviations of a Poisson
+  count), the rate over SURGE_S counts at once. Asking both halves keeps one burst (a
+  large submit_many) from counting as a change of demand.
 - capacity: what one executor computes per second at the largest batch that still
   meets the model's SLO (a task that arrives just after a claim waits one cycle, then
   its batch's claim-to-result lag), from the latency model it publishes. Without an SLO,
@@ -36,6 +40,9 @@ from tandem.broker.state import ExecutorInfo
 #: The windows the offered rate is measured over: the shorter lets it rise fast.
 SHORT_WINDOW_S = 2.0
 LONG_WINDOW_S = 10.0
+#: A surge: the last SURGE_S against the SHORT_WINDOW_S before it.
+SURGE_S = 1.0
+SURGE_Z = 4.0
 
 
 def capacity_at_slo(executor: ExecutorInfo, slo_ms: float | None) -> float | None:
@@ -86,6 +93,39 @@ class Rate:
         return max(0.0, (a1 - a0) / (t1 - t0)) if t1 > t0 else None
 
 
+class Surge:
+    """A step up in a counter's rate, seen within SURGE_S: the rate over the last SURGE_S
+    when each of its halves is well above what the SHORT_WINDOW_S before it predicts."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def add(self, t_s: float, total: float) -> float | None:
+        """Add a sample; the rate over the last SURGE_S if it is a surge, else None."""
+        self.samples.append((t_s, total))
+        while len(self.samples) > 1 and t_s - self.samples[1][0] >= SURGE_S + SHORT_WINDOW_S:
+            self.samples.popleft()  # keeps one at or before the span's start
+        marks = [self._at(t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)]
+        if None in marks or marks[0][0] >= marks[1][0]:
+            return None  # too little history yet
+        (t0, a0), (t1, a1), (t2, a2) = marks  # type: ignore[misc]
+        before = (a1 - a0) / (t1 - t0)
+        for (ta, aa), (tb, ab) in (((t1, a1), (t2, a2)), ((t2, a2), (t_s, total))):
+            expected = before * (tb - ta)
+            if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
+                return None
+        return (total - a1) / (t_s - t1)
+
+    def _at(self, t_s: float) -> tuple[float, float] | None:
+        """The last sample at or before t_s."""
+        found = None
+        for sample in self.samples:
+            if sample[0] > t_s:
+                break
+            found = sample
+        return found
+
+
 @dataclass(frozen=True)
 class Reading:
     """One model's figures at one moment, as published (keys.scale)."""
@@ -104,6 +144,7 @@ class Signal:
     def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
         self.settings = settings
         self.short, self.long = Rate(SHORT_WINDOW_S), Rate(LONG_WINDOW_S)
+        self.surge = Surge()
         self.computing = Rate(LONG_WINDOW_S)  # ms of forward passes, per second
         self.capacity_rps = capacity_rps  # the last known, kept while no executor runs
         self.needs: deque[tuple[float, int]] = deque()  # (t, needed) over the down window
@@ -121,7 +162,15 @@ class Signal:
         """arrived: every task offered so far (completed + refused + waiting); waiting:
         how many wait now; executors: the live ones; computed_ms: the forward passes'
         time so far, all executors together."""
-        rates = [r for r in (self.short.add(t_s, arrived), self.long.add(t_s, arrived)) if r]
+        rates = [
+            r
+            for r in (
+                self.short.add(t_s, arrived),
+                self.long.add(t_s, arrived),
+                self.surge.add(t_s, arrived),
+            )
+            if r
+        ]
         offered = max(rates, default=0.0)
         known = [c for e in executors if (c := capacity_at_slo(e, slo_ms))]
         if known:

@@ -41,7 +41,7 @@ log = logging.getLogger("tandem.coordinator")
 #: no deadline records (registered by an older tandem) and ids left without a hash.
 FULL_SWEEP_S = 60.0
 #: How often it measures each model's demand and publishes its scaling signal.
-SCALE_S = 1.0
+SCALE_S = 0.25
 
 
 class Coordinator:

@@ -122,3 +122,30 @@ def test_demand_with_no_executor_asks_for_one_and_scales_from_the_last_capacity(
     sig.update(2.0, arrived=3, waiting=3, executors=[e], slo_ms=None)  # learns its capacity
     reading, *_ = feed(sig, 12, 5000, start=2, arrived=3, executors=[], slo_ms=None)
     assert reading.wanted == math.ceil(5000 * 1.15 / e.rate)  # all of them, not just one
+
+
+def feed_every(sig: Signal, seconds: float, rate: float, t: float, arrived: float, step=0.25, **kw):
+    """A sample every `step` s, as the coordinator takes them, at a steady rate."""
+    reading = None
+    for _ in range(round(seconds / step)):
+        t, arrived = t + step, arrived + rate * step
+        reading = sig.update(t, arrived=arrived, waiting=0, **kw)
+    return reading, t, arrived
+
+
+def test_a_surge_counts_within_a_second_and_one_burst_does_not():
+    e = executor()
+    sig = signal(scale_headroom=0.15)
+    low, t, a = feed_every(sig, 12, 500, 0, 0, executors=[e], slo_ms=None)
+    assert low.wanted == 1
+    # One second into a step from 500 to 3000 tasks/s the 2 s window has seen half of it,
+    # (500 + 3000) / 2; the surge, both of its halves far above 500/s, counts all of it.
+    high, t, a = feed_every(sig, 1, 3000, t, a, executors=[e], slo_ms=None)
+    assert high.offered_rps == 3000
+    assert high.wanted == math.ceil(3000 * 1.15 / e.rate) > math.ceil(1750 * 1.15 / e.rate)
+
+    sig = signal(scale_headroom=0.15)
+    _, t, a = feed_every(sig, 12, 500, 0, 0, executors=[e], slo_ms=None)
+    a += 2000  # one submit_many of 2,000 tasks: in one half of the surge's span only
+    burst, t, a = feed_every(sig, 1, 500, t, a, executors=[e], slo_ms=None)
+    assert burst.offered_rps == (2000 + 500 * 2) / 2  # the 2 s window's rate, no more

@@ -61,7 +61,7 @@ MODEL = "sim:1"
 COST = {"sim_base_ms": 80.0, "sim_per_item_ms": 2.5, "max_batch": 8, "slo_ms": 1000.0}
 NOMINAL_CAPACITY = 8 * 1000 / (80.0 + 2.5 * 8)
 COMPRESS = 5
-TICK_S = 1.0
+TICK_S = 0.5  # as `tandem up` steps its scaler
 MAX_WORKERS = 6
 #: Standby workers: enough for the step's scale-out, from 2 workers at 1x to 5 at 4x.
 STANDBY = 3
