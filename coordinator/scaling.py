@@ -7,12 +7,15 @@ is, not how many executors are needed. The signal here is demand over capacity:
 - offered: every task offered per second, answered or not: completed (success or
   failure, the shed included), refused at submit (Overloaded, QueueFull), and the growth
   of what waits (L1, the retry list, the executors' L2 and in-flight), so tasks that
-  plain Celery clients publish count too. It is the larger of its rate over
-  SHORT_WINDOW_S and over LONG_WINDOW_S: it rises within seconds and falls slowly. A
-  surge is taken sooner: when both halves of the last SURGE_S each hold far more
-  arrivals than the rate before them explains (SURGE_Z standard deviations of a Poisson
-  count), the rate over SURGE_S counts at once. Asking both halves keeps one burst (a
-  large submit_many) from counting as a change of demand.
+  plain Celery clients publish count too. It is the largest of its rate over
+  LONG_WINDOW_S, its rate over SHORT_WINDOW_S and, in a surge, its rate over the last
+  SURGE_S: it rises within a second or two and falls slowly. A surge is when both
+  halves of the last SURGE_S each hold far more tasks than the rate before them
+  explains (SURGE_Z standard deviations of a Poisson count); asking both keeps one
+  burst (a large submit_many) from counting as a change of demand. The two short rates
+  are read LOW_Z standard deviations low: wanted holds the highest of its readings for
+  a whole window, and the highest of many noisy readings is their noise, so unbiased
+  short rates would keep an executor more for each peak of noise.
 - capacity: what one executor computes per second at the largest batch that still
   meets the model's SLO (a task that arrives just after a claim waits one cycle, then
   its batch's claim-to-result lag), from the latency model it publishes. Without an SLO,
@@ -43,6 +46,8 @@ LONG_WINDOW_S = 10.0
 #: A surge: the last SURGE_S against the SHORT_WINDOW_S before it.
 SURGE_S = 1.0
 SURGE_Z = 4.0
+#: How far below its count a short window's rate is read, in standard deviations.
+LOW_Z = 2.0
 
 
 def capacity_at_slo(executor: ExecutorInfo, slo_ms: float | None) -> float | None:
@@ -77,11 +82,17 @@ def executors_for(load: float, headroom: float) -> int:
     return math.ceil(round(load * (1 + headroom), 6))
 
 
-class Rate:
-    """The rate of a counter that only grows, over a sliding window of samples."""
+def low_rate(count: float, span_s: float, z: float) -> float:
+    """A count's rate over span_s, read z standard deviations (of a Poisson count) low."""
+    return max(0.0, count - z * math.sqrt(max(count, 0.0))) / span_s
 
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
+
+class Rate:
+    """The rate of a counter that only grows, over a sliding window of samples; with
+    low_z, read that many standard deviations low."""
+
+    def __init__(self, window_s: float, low_z: float = 0.0) -> None:
+        self.window_s, self.low_z = window_s, low_z
         self.samples: deque[tuple[float, float]] = deque()
 
     def add(self, t_s: float, total: float) -> float | None:
@@ -90,12 +101,13 @@ class Rate:
         while len(self.samples) > 2 and t_s - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
         (t0, a0), (t1, a1) = self.samples[0], self.samples[-1]
-        return max(0.0, (a1 - a0) / (t1 - t0)) if t1 > t0 else None
+        return low_rate(a1 - a0, t1 - t0, self.low_z) if t1 > t0 else None
 
 
 class Surge:
     """A step up in a counter's rate, seen within SURGE_S: the rate over the last SURGE_S
-    when each of its halves is well above what the SHORT_WINDOW_S before it predicts."""
+    (read LOW_Z low) when each of its halves is well above what the SHORT_WINDOW_S
+    before it predicts."""
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, float]] = deque()
@@ -114,7 +126,7 @@ class Surge:
             expected = before * (tb - ta)
             if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
                 return None
-        return (total - a1) / (t_s - t1)
+        return low_rate(total - a1, t_s - t1, LOW_Z)
 
     def _at(self, t_s: float) -> tuple[float, float] | None:
         """The last sample at or before t_s."""
@@ -143,7 +155,7 @@ class Signal:
 
     def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
         self.settings = settings
-        self.short, self.long = Rate(SHORT_WINDOW_S), Rate(LONG_WINDOW_S)
+        self.short, self.long = Rate(SHORT_WINDOW_S, LOW_Z), Rate(LONG_WINDOW_S)
         self.surge = Surge()
         self.computing = Rate(LONG_WINDOW_S)  # ms of forward passes, per second
         self.capacity_rps = capacity_rps  # the last known, kept while no executor runs

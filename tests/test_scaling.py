@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import fast_settings
 from tandem.broker.state import ExecutorInfo
-from tandem.coordinator.scaling import Rate, Signal, capacity_at_slo
+from tandem.coordinator.scaling import LOW_Z, Rate, Signal, capacity_at_slo, low_rate
 
 
 def executor(base_ms=20.0, per_item_ms=0.5, max_batch=32, gap_ms=1.0, margin_ms=2.0, **kw):
@@ -65,6 +66,15 @@ def test_a_rate_is_measured_over_its_window():
     assert rate.add(1.0, 100) == 100
     rate.add(2.0, 200)
     assert rate.add(3.0, 500) == 200  # (500 - 100) over the last 2 s
+    low = Rate(2.0, low_z=2)
+    low.add(0.0, 0)
+    assert low.add(1.0, 100) == 100 - 2 * 10  # two standard deviations of 100 below
+
+
+@given(st.floats(-1e9, 1e9), st.floats(1e-3, 1e3), st.floats(0, 10))
+def test_a_low_rate_is_never_negative_nor_above_the_rate(count, span, z):
+    rate = low_rate(count, span, z)
+    assert 0 <= rate <= max(count, 0) / span
 
 
 def signal(**overrides) -> Signal:
@@ -85,7 +95,7 @@ def test_wanted_is_the_offered_rate_with_headroom_over_one_executors_capacity():
     sig = signal(scale_headroom=0.15)
     e = executor()
     reading, *_ = feed(sig, 12, 2000, executors=[e], slo_ms=250)
-    assert reading.offered_rps == 2000
+    assert reading.offered_rps == 2000  # over the long window, read as it is
     assert reading.capacity_rps == capacity_at_slo(e, 250)
     assert reading.wanted == math.ceil(2000 * 1.15 / reading.capacity_rps) == 3
 
@@ -141,11 +151,45 @@ def test_a_surge_counts_within_a_second_and_one_burst_does_not():
     # One second into a step from 500 to 3000 tasks/s the 2 s window has seen half of it,
     # (500 + 3000) / 2; the surge, both of its halves far above 500/s, counts all of it.
     high, t, a = feed_every(sig, 1, 3000, t, a, executors=[e], slo_ms=None)
-    assert high.offered_rps == 3000
-    assert high.wanted == math.ceil(3000 * 1.15 / e.rate) > math.ceil(1750 * 1.15 / e.rate)
+    assert high.offered_rps == low_rate(3000, 1, LOW_Z)
+    assert high.wanted == math.ceil(high.offered_rps * 1.15 / e.rate)
+    assert high.wanted > math.ceil(1750 * 1.15 / e.rate)
 
     sig = signal(scale_headroom=0.15)
     _, t, a = feed_every(sig, 12, 500, 0, 0, executors=[e], slo_ms=None)
     a += 2000  # one submit_many of 2,000 tasks: in one half of the surge's span only
     burst, t, a = feed_every(sig, 1, 500, t, a, executors=[e], slo_ms=None)
-    assert burst.offered_rps == (2000 + 500 * 2) / 2  # the 2 s window's rate, no more
+    assert burst.offered_rps == low_rate(2000 + 500 * 2, 2, LOW_Z)  # the 2 s window's
+
+
+def test_noise_at_a_steady_load_keeps_no_executor_more():
+    """Poisson arrivals at a steady 3.2 executors' worth of an 80 tasks/s executor, 4
+    readings a second for 10 minutes: ceil(3.2 x 1.15) = 4, and the noise never asks a
+    fifth. Read as it is, the 2 s window's rate asks one now and then, and the down
+    window would hold each for 30 s."""
+    e = executor(base_ms=80, per_item_ms=2.5, max_batch=8, gap_ms=0)
+    sig = signal(scale_headroom=0.15, scale_down_window_s=30)
+    rng = random.Random(7)
+    t, arrived, plain, wanted, plain_fifth = 0.0, 0, Rate(2.0), set(), 0
+    while t < 600:
+        t += 0.25
+        arrived += poisson(rng, 3.2 * e.rate * 0.25)
+        reading = sig.update(t, arrived=arrived, waiting=0, executors=[e], slo_ms=None)
+        raw = plain.add(t, arrived) or 0.0
+        if t > 10:  # once the long window is full
+            wanted.add(reading.wanted)
+            plain_fifth += math.ceil(raw * 1.15 / e.rate) > 4
+    assert wanted == {4}
+    assert plain_fifth >= 10
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson count (Knuth's method, in steps of at most 30 so exp() stays exact)."""
+    count = 0
+    while mean > 0:
+        step, mean = min(mean, 30.0), mean - 30.0
+        limit, product = math.exp(-step), rng.random()
+        while product > limit:
+            count += 1
+            product *= rng.random()
+    return count
