@@ -117,11 +117,12 @@ class Surge:
         self.samples.append((t_s, total))
         while len(self.samples) > 1 and t_s - self.samples[1][0] >= SURGE_S + SHORT_WINDOW_S:
             self.samples.popleft()  # keeps one at or before the span's start
-        marks = [self._at(t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)]
-        if None in marks or marks[0][0] >= marks[1][0]:
+        start = self._at(t_s - SURGE_S - SHORT_WINDOW_S)
+        middle, half = self._at(t_s - SURGE_S), self._at(t_s - SURGE_S / 2)
+        if start is None or middle is None or half is None or start[0] >= middle[0]:
             return None  # too little history yet
-        (t0, a0), (t1, a1), (t2, a2) = marks  # type: ignore[misc]
-        before = (a1 - a0) / (t1 - t0)
+        (t1, a1), (t2, a2) = middle, half
+        before = (a1 - start[1]) / (t1 - start[0])
         for (ta, aa), (tb, ab) in (((t1, a1), (t2, a2)), ((t2, a2), (t_s, total))):
             expected = before * (tb - ta)
             if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
