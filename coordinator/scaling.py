@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tandem.broker.settings import Settings
@@ -104,39 +105,27 @@ class Rate:
         return low_rate(a1 - a0, t1 - t0, self.low_z) if t1 > t0 else None
 
 
-class Surge:
+def surge_rate(samples: Sequence[tuple[float, float]]) -> float | None:
     """A step up in a counter's rate, seen within SURGE_S: the rate over the last SURGE_S
-    (read LOW_Z low) when each of its halves is well above what the SHORT_WINDOW_S
-    before it predicts."""
+    (read LOW_Z low) when each of its halves is well above what the SHORT_WINDOW_S before
+    it predicts; else None. samples: (t, total), oldest first, the last one now."""
+    t_s, total = samples[-1]
 
-    def __init__(self) -> None:
-        self.samples: deque[tuple[float, float]] = deque()
+    def at(t: float) -> tuple[float, float] | None:  # the last sample at or before t
+        return next((sample for sample in reversed(samples) if sample[0] <= t), None)
 
-    def add(self, t_s: float, total: float) -> float | None:
-        """Add a sample; the rate over the last SURGE_S if it is a surge, else None."""
-        self.samples.append((t_s, total))
-        while len(self.samples) > 1 and t_s - self.samples[1][0] >= SURGE_S + SHORT_WINDOW_S:
-            self.samples.popleft()  # keeps one at or before the span's start
-        start = self._at(t_s - SURGE_S - SHORT_WINDOW_S)
-        middle, half = self._at(t_s - SURGE_S), self._at(t_s - SURGE_S / 2)
-        if start is None or middle is None or half is None or start[0] >= middle[0]:
-            return None  # too little history yet
-        (t1, a1), (t2, a2) = middle, half
-        before = (a1 - start[1]) / (t1 - start[0])
-        for (ta, aa), (tb, ab) in (((t1, a1), (t2, a2)), ((t2, a2), (t_s, total))):
-            expected = before * (tb - ta)
-            if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
-                return None
-        return low_rate(total - a1, t_s - t1, LOW_Z)
-
-    def _at(self, t_s: float) -> tuple[float, float] | None:
-        """The last sample at or before t_s."""
-        found = None
-        for sample in self.samples:
-            if sample[0] > t_s:
-                break
-            found = sample
-        return found
+    start, middle, half = (
+        at(t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)
+    )
+    if start is None or middle is None or half is None or start[0] >= middle[0]:
+        return None  # too little history yet
+    (t1, a1), (t2, a2) = middle, half
+    before = (a1 - start[1]) / (t1 - start[0])
+    for (ta, aa), (tb, ab) in (((t1, a1), (t2, a2)), ((t2, a2), (t_s, total))):
+        expected = before * (tb - ta)
+        if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
+            return None
+    return low_rate(total - a1, t_s - t1, LOW_Z)
 
 
 @dataclass(frozen=True)
@@ -157,7 +146,6 @@ class Signal:
     def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
         self.settings = settings
         self.short, self.long = Rate(SHORT_WINDOW_S, LOW_Z), Rate(LONG_WINDOW_S)
-        self.surge = Surge()
         self.computing = Rate(LONG_WINDOW_S)  # ms of forward passes, per second
         self.capacity_rps = capacity_rps  # the last known, kept while no executor runs
         self.needs: deque[tuple[float, int]] = deque()  # (t, needed) over the down window
@@ -175,16 +163,9 @@ class Signal:
         """arrived: every task offered so far (completed + refused + waiting); waiting:
         how many wait now; executors: the live ones; computed_ms: the forward passes'
         time so far, all executors together."""
-        rates = [
-            r
-            for r in (
-                self.short.add(t_s, arrived),
-                self.long.add(t_s, arrived),
-                self.surge.add(t_s, arrived),
-            )
-            if r
-        ]
-        offered = max(rates, default=0.0)
+        rates = [self.short.add(t_s, arrived), self.long.add(t_s, arrived)]
+        rates.append(surge_rate(self.long.samples))  # the long window's samples hold its span
+        offered = max((r for r in rates if r), default=0.0)
         known = [c for e in executors if (c := capacity_at_slo(e, slo_ms))]
         if known:
             self.capacity_rps = statistics.median(known)
