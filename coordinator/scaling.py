@@ -88,21 +88,32 @@ def low_rate(count: float, span_s: float, z: float) -> float:
     return max(0.0, count - z * math.sqrt(max(count, 0.0))) / span_s
 
 
-class Rate:
-    """The rate of a counter that only grows, over a sliding window of samples; with
-    low_z, read that many standard deviations low."""
+def sample_at(samples: Sequence[tuple[float, float]], t_s: float) -> tuple[float, float] | None:
+    """The newest of (t, total) samples, oldest first, taken at or before t_s."""
+    return next((sample for sample in reversed(samples) if sample[0] <= t_s), None)
 
-    def __init__(self, window_s: float, low_z: float = 0.0) -> None:
-        self.window_s, self.low_z = window_s, low_z
+
+class Rate:
+    """The rate of a counter that only grows, over a sliding window of samples; over a
+    shorter span of them too (`over`)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
         self.samples: deque[tuple[float, float]] = deque()
 
     def add(self, t_s: float, total: float) -> float | None:
         """Add a sample; the rate over the window, or None before a span to measure."""
         self.samples.append((t_s, total))
         while len(self.samples) > 2 and t_s - self.samples[1][0] >= self.window_s:
-            self.samples.popleft()
-        (t0, a0), (t1, a1) = self.samples[0], self.samples[-1]
-        return low_rate(a1 - a0, t1 - t0, self.low_z) if t1 > t0 else None
+            self.samples.popleft()  # keeps one at or before the window's start
+        return self.over(self.window_s)
+
+    def over(self, span_s: float, low_z: float = 0.0) -> float | None:
+        """The rate over the last span_s (or all the samples, if they span less), read
+        low_z standard deviations low; None before a span to measure."""
+        t1, a1 = self.samples[-1]
+        t0, a0 = sample_at(self.samples, t1 - span_s) or self.samples[0]
+        return low_rate(a1 - a0, t1 - t0, low_z) if t1 > t0 else None
 
 
 def surge_rate(samples: Sequence[tuple[float, float]]) -> float | None:
@@ -110,12 +121,8 @@ def surge_rate(samples: Sequence[tuple[float, float]]) -> float | None:
     (read LOW_Z low) when each of its halves is well above what the SHORT_WINDOW_S before
     it predicts; else None. samples: (t, total), oldest first, the last one now."""
     t_s, total = samples[-1]
-
-    def at(t: float) -> tuple[float, float] | None:  # the last sample at or before t
-        return next((sample for sample in reversed(samples) if sample[0] <= t), None)
-
     start, middle, half = (
-        at(t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)
+        sample_at(samples, t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)
     )
     if start is None or middle is None or half is None or start[0] >= middle[0]:
         return None  # too little history yet
@@ -145,7 +152,7 @@ class Signal:
 
     def __init__(self, settings: Settings, capacity_rps: float = 0.0) -> None:
         self.settings = settings
-        self.short, self.long = Rate(SHORT_WINDOW_S, LOW_Z), Rate(LONG_WINDOW_S)
+        self.offered = Rate(LONG_WINDOW_S)  # its samples serve the shorter spans too
         self.computing = Rate(LONG_WINDOW_S)  # ms of forward passes, per second
         self.capacity_rps = capacity_rps  # the last known, kept while no executor runs
         self.needs: deque[tuple[float, int]] = deque()  # (t, needed) over the down window
@@ -163,8 +170,11 @@ class Signal:
         """arrived: every task offered so far (completed + refused + waiting); waiting:
         how many wait now; executors: the live ones; computed_ms: the forward passes'
         time so far, all executors together."""
-        rates = [self.short.add(t_s, arrived), self.long.add(t_s, arrived)]
-        rates.append(surge_rate(self.long.samples))  # the long window's samples hold its span
+        rates = [
+            self.offered.add(t_s, arrived),
+            self.offered.over(SHORT_WINDOW_S, LOW_Z),
+            surge_rate(self.offered.samples),
+        ]
         offered = max((r for r in rates if r), default=0.0)
         known = [c for e in executors if (c := capacity_at_slo(e, slo_ms))]
         if known:

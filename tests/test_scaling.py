@@ -66,9 +66,10 @@ def test_a_rate_is_measured_over_its_window():
     assert rate.add(1.0, 100) == 100
     rate.add(2.0, 200)
     assert rate.add(3.0, 500) == 200  # (500 - 100) over the last 2 s
-    low = Rate(2.0, low_z=2)
+    low = Rate(2.0)
     low.add(0.0, 0)
-    assert low.add(1.0, 100) == 100 - 2 * 10  # two standard deviations of 100 below
+    low.add(1.0, 100)
+    assert low.over(1.0, low_z=2) == 100 - 2 * 10  # two standard deviations of 100 below
 
 
 @given(st.floats(-1e9, 1e9), st.floats(1e-3, 1e3), st.floats(0, 10))
