@@ -194,3 +194,24 @@ def poisson(rng: random.Random, mean: float) -> int:
             count += 1
             product *= rng.random()
     return count
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 5), st.floats(-1e12, 1e12), st.integers(0, 10**6)),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_any_counters_give_a_reading_within_bounds(steps):
+    """Whatever the counters read (a reset that moves them back, readings at one instant,
+    huge jumps), the signal gives a finite rate and stays within min and max."""
+    sig = signal(scale_min_executors=1, scale_max_executors=9)
+    t = 0.0
+    for dt, arrived, waiting in steps:
+        t += dt
+        reading = sig.update(
+            t, arrived=arrived, waiting=waiting, executors=[executor()], slo_ms=None
+        )
+        assert math.isfinite(reading.offered_rps) and reading.offered_rps >= 0
+        assert 1 <= reading.wanted <= 9
