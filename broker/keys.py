@@ -182,7 +182,7 @@ def speed(model: str) -> str:
 
 
 def scale(model: str) -> str:
-    """HASH of the model's scaling signal, written by the coordinator each second
+    """HASH of the model's scaling signal, written by the coordinator every 0.25 s
     (coordinator/scaling.py): offered_rps, capacity_rps (one executor's, at the SLO; kept
     once no executor runs), needed, wanted, running, at_ms."""
     parse_model(model)

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 
@@ -260,26 +260,10 @@ class Reads:
         key = keys.metrics(model)
         return numbers(typed(key, {}, lambda: self.redis.hgetall(key)), key)
 
-    def slo_ms(self, model: str) -> float | None:
-        """The model's SLO as its workers set it (keys.SLO), or None."""
-        raw = typed(keys.SLO, None, lambda: self.redis.hget(keys.SLO, model))
-        slo = numbers({b"slo": raw}, keys.SLO).get("slo", 0.0) if raw is not None else 0.0
-        return slo if slo > 0 else None
-
     def scale(self, model: str) -> dict[str, float]:
         """The model's scaling signal as the coordinator last published it (keys.scale)."""
         key = keys.scale(model)
         return numbers(typed(key, {}, lambda: self.redis.hgetall(key)), key)
-
-    def publish_scale(self, model: str, fields: dict[str, float]) -> None:
-        """Write the model's scaling signal (a wrong-typed key is moved aside)."""
-        key = keys.scale(model)
-        written(
-            self.redis,
-            key,
-            "hash",
-            lambda: self.redis.hset(key, mapping=cast("dict[Any, float]", fields)),
-        )
 
     def stats(self) -> dict[str, int]:
         """The fleet-wide counters of tandem:stats (redelivered, duplicates, ...)."""

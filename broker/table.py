@@ -3,13 +3,15 @@ and the atomic scripts (broker/scripts) that change it.
 
 One class per caller, over one script runner (broker/runner.py: the scripts, the direct
 calls, the fault points and the replica fence): Routes for producers (broker/routes.py),
-Steps for executors (broker/steps.py), Upkeep for the coordinator (broker/upkeep.py);
-Reads (broker/readmodel.py) and Revocations (broker/revocations.py) for everyone. A
-Table is all of them, for the processes that play several roles on one client.
+Steps for executors (broker/steps.py), Upkeep and Demands for the coordinator
+(broker/upkeep.py, broker/demand.py); Reads (broker/readmodel.py) and Revocations
+(broker/revocations.py) for everyone. A Table is all of them, for the processes that
+play several roles on one client.
 """
 
 from __future__ import annotations
 
+from tandem.broker.demand import Demands
 from tandem.broker.readmodel import Reads
 from tandem.broker.revocations import Revocations
 from tandem.broker.routes import ROUTE_CHUNK, Routes, routed_reply
@@ -25,5 +27,5 @@ __all__ = [
 ]
 
 
-class Table(Routes, Steps, Upkeep, Reads, Revocations):
+class Table(Routes, Steps, Upkeep, Demands, Reads, Revocations):
     """The executor table, bound to one Redis client: every role's calls and reads."""

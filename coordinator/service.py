@@ -201,16 +201,16 @@ class Coordinator:
 
     def scale(self) -> dict[str, Reading]:
         """Measure each model's demand and capacity and publish how many executors it
-        wants (coordinator/scaling.py). Reads every executor of each model."""
+        wants (coordinator/scaling.py): four round trips, however many models."""
         t_s, now_ms = time.monotonic(), self.table.now_ms()
-        readings, everyone = {}, []
-        for model in self._models or self.table.models():
-            live = [e for e in self.table.executors(model) if e.expires_ms > now_ms]
+        readings, published, everyone = {}, {}, []
+        for model, demand in self.table.demands(self._models or self.table.models()).items():
+            live = [e for e in demand.executors if e.expires_ms > now_ms]
             everyone += live
-            counters = self.table.counters(model)
+            counters = demand.counters
             waiting = (
-                self.table.l1_depth(model)
-                + self.table.retry_depth(model)
+                demand.l1_depth
+                + demand.retry_depth
                 + sum(e.l2_depth + e.inflight_depth for e in live)
             )
             # Tasks answered: `stored`, added with their results; the outcomes come a
@@ -226,30 +226,28 @@ class Coordinator:
             )
             signal = self.signals.get(model)
             if signal is None:  # the last known capacity, from before this coordinator
-                known = self.table.scale(model).get("capacity_rps", 0.0)
+                known = demand.published.get("capacity_rps", 0.0)
                 signal = self.signals[model] = Signal(self.settings, known)
             reading = signal.update(
                 t_s,
                 arrived=arrived,
                 waiting=waiting,
                 executors=live,
-                slo_ms=self.table.slo_ms(model),
+                slo_ms=demand.slo_ms,
                 computed_ms=counters.get("compute_ms:sum", 0.0),
             )
-            self.table.publish_scale(
-                model,
-                {
-                    "offered_rps": round(reading.offered_rps, 3),
-                    "capacity_rps": round(reading.capacity_rps, 3),
-                    "needed": reading.needed,
-                    "wanted": reading.wanted,
-                    "running": reading.running,
-                    "busy": round(reading.busy, 3),
-                    "max": self.settings.scale_max_executors,
-                    "at_ms": now_ms,
-                },
-            )
+            published[model] = {
+                "offered_rps": round(reading.offered_rps, 3),
+                "capacity_rps": round(reading.capacity_rps, 3),
+                "needed": reading.needed,
+                "wanted": reading.wanted,
+                "running": reading.running,
+                "busy": round(reading.busy, 3),
+                "max": self.settings.scale_max_executors,
+                "at_ms": now_ms,
+            }
             readings[model] = reading
+        self.table.publish_scales(published)
         if self.pod_costs is not None:
             self.pod_costs.offer(everyone)
         return readings
