@@ -4,6 +4,10 @@ runner (broker/runner.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import redis
+
 from tandem.broker import keys
 from tandem.broker.runner import Runner
 from tandem.broker.scripts import layouts as lay
@@ -13,17 +17,24 @@ from tandem.broker.scripts.layouts import pack
 class Upkeep(Runner):
     """What the coordinator calls."""
 
-    def feed(self, model: str) -> int:
-        """Hand tasks waiting in the model's L1 to its ready executors, as the route would
-        have; returns how many. For tasks that skipped the route (plain Celery clients)."""
-        script_keys = lay.FeedKeys(ready_set=keys.ready(model), l1=keys.l1_keys(model))
-        args = lay.FeedArgs(
-            executor_prefix=keys.EXECUTOR_PREFIX,
-            l2_prefix=keys.L2_PREFIX,
-            full_prefix=keys.FULL_PREFIX,
-            metrics=keys.metrics(model),
-        )
-        return self.scripts.feed(keys=pack(script_keys), args=pack(args))
+    def feed(self, models: Sequence[str]) -> int:
+        """Hand tasks waiting in each model's L1 to its ready executors, as the route would
+        have; returns how many. For tasks that skipped the route (plain Celery clients).
+        Every model's script in one pipelined round trip: the coordinator feeds every
+        feed_ms, and a round trip a model would make its loop grow with the models."""
+        calls = [_feed_call(model) for model in models]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for script_keys, args in calls:
+                pipe.evalsha(self.scripts.feed.sha, len(script_keys), *script_keys, *args)
+            replies = pipe.execute(raise_on_error=False)
+        moved = 0
+        for (script_keys, args), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):  # Redis restarted, or flushed
+                reply = self.scripts.feed(keys=script_keys, args=args)
+            elif isinstance(reply, Exception):
+                raise reply
+            moved += int(reply)
+        return moved
 
     def reclaim(
         self, executor_id: str, model: str, *, force: bool = False, count: bool = False
@@ -91,3 +102,15 @@ class Upkeep(Runner):
             args=pack(lay.LeaseArgs(holder=holder, ttl_ms=ttl_ms)),
         )
         return reply.decode() if isinstance(reply, bytes) else ""
+
+
+def _feed_call(model: str) -> tuple[list, list]:
+    """feed.lua's keys and arguments for one model."""
+    script_keys = lay.FeedKeys(ready_set=keys.ready(model), l1=keys.l1_keys(model))
+    args = lay.FeedArgs(
+        executor_prefix=keys.EXECUTOR_PREFIX,
+        l2_prefix=keys.L2_PREFIX,
+        full_prefix=keys.FULL_PREFIX,
+        metrics=keys.metrics(model),
+    )
+    return pack(script_keys), pack(args)

@@ -4,8 +4,8 @@ idle executors.
 
 It is never on a routed task's path. If it is down, tasks still flow; dead executors
 are reclaimed late, changes wait in the capped stream, and idle executors find L1
-tasks themselves every poll_ms. Each tick costs Redis O(models) calls, and a sweep
-O(lapsed executors), whatever the size of the fleet.
+tasks themselves every poll_ms. Each tick costs Redis O(models) calls in one round trip,
+and a sweep O(lapsed executors), whatever the size of the fleet.
 
 One coordinator works per Redis: it holds a lease (keys.COORDINATOR) and renews it at
 every sweep. Another one started on the same Redis says so and stands by, taking over
@@ -165,8 +165,8 @@ class Coordinator:
             self.leading = False
 
     def feed(self) -> int:
-        """Hand each model's L1 tasks to its ready executors; one call per model."""
-        fed = sum(self.table.feed(model) for model in self._models)
+        """Hand each model's L1 tasks to its ready executors: one round trip."""
+        fed = self.table.feed(self._models) if self._models else 0
         self.fed += fed
         return fed
 

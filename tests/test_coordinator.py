@@ -55,13 +55,13 @@ def test_feed_hands_l1_tasks_to_ready_executors_highest_priority_first(settings,
     executors through feed, each within its capacity, the rest stay in L1."""
     table = Table(r)
     table.register("a", MODEL, worker="w", max_batch=2, ttl_ms=60_000, max_wait_ms=5, pid=1)
-    assert table.feed(MODEL) == 0  # no executor ready: a ZCARD
+    assert table.feed([MODEL]) == 0  # no executor ready: a ZCARD
     sent = {}
     for n, priority in enumerate([0, 9, 0, 3]):
         task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
         r.lpush(keys.l1_for_priority(MODEL, priority), envelope)
         sent[priority, n] = task_id
-    assert table.feed(MODEL) == 0  # "a" is WORKING
+    assert table.feed([MODEL]) == 0  # "a" is WORKING
     assert table.claim_or_idle("a", MODEL, 2) is not None  # it claims the two first ...
     assert table.claim_or_idle("a", MODEL, 2) is not None
     assert table.claim_or_idle("a", MODEL, 2) is None  # ... then L1 is empty: IDLE
@@ -69,11 +69,27 @@ def test_feed_hands_l1_tasks_to_ready_executors_highest_priority_first(settings,
         task_id, envelope = message.encode(MODEL, [n], queue=keys.l1(MODEL), priority=priority)
         r.lpush(keys.l1_for_priority(MODEL, priority), envelope)
         sent[priority, 10 + n] = task_id
-    assert table.feed(MODEL) == 2
+    assert table.feed([MODEL]) == 2
     in_l2 = [json.loads(m)["headers"]["id"] for m in reversed(r.lrange(keys.l2("a"), 0, -1))]
     assert in_l2 == [sent[0, 11], sent[3, 10]]
     assert table.l1_depth(MODEL) == 1
     assert r.hget(keys.executor("a"), "cap") == b"0"
+
+
+def test_feed_serves_every_model_at_once_and_after_its_script_is_flushed(settings, r):
+    """One call feeds every model named; a Redis that lost its scripts (a restart, SCRIPT
+    FLUSH) gets feed.lua again, and nothing is handed twice."""
+    table = Table(r)
+    models = [f"sim:{n}" for n in range(1, 5)]
+    for n, model in enumerate(models):
+        table.register(model, model, worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=5, pid=1)
+        assert table.claim_or_idle(model, model, 4) is None  # IDLE: ready for L2
+        for item in range(n + 1):
+            r.lpush(keys.l1(model), message.encode(model, [item], queue=keys.l1(model))[1])
+    r.script_flush()
+    assert table.feed(models) == 1 + 2 + 3 + 4
+    assert [r.llen(keys.l2(m)) for m in models] == [1, 2, 3, 4]
+    assert table.feed(models) == 0 and sum(table.l1_depth(m) for m in models) == 0
 
 
 def test_a_task_that_takes_down_max_deliveries_executors_is_buried(settings, r):

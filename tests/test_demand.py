@@ -1,6 +1,7 @@
 """The scaling signal's reads (broker/demand.py) on a real Redis: every model's demand as
 the per-model reads give it, in a number of round trips that does not grow with the
-models, and a wrong-typed key moved aside when the signal is published."""
+models (nor does the feed's), and a wrong-typed key moved aside when the signal is
+published."""
 
 from __future__ import annotations
 
@@ -74,6 +75,12 @@ def test_the_round_trips_do_not_grow_with_the_models(redis_server, settings, r):
         sends.append(Counting.sends)
         assert sorted(readings) == models
     assert sends[0] == sends[1] <= 4  # Redis's clock, two reads, one write
+    coordinator.feed()  # feed.lua loaded, once
+    for models in (MODELS[:1], MODELS):
+        coordinator._models = models
+        Counting.sends = 0
+        coordinator.feed()
+        assert Counting.sends == 1
     table = Table(r)
     assert all(table.scale(m)["running"] == len(table.executors(m)) for m in MODELS)
 
