@@ -62,7 +62,7 @@ class Coordinator:
         #: asked yet).
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.leading: bool | None = None
-        self._next_lease = self._next_scale = 0.0
+        self._next_lease = 0.0
         self.signals: dict[str, Signal] = {}  # per model
         #: Where a buried task's span goes, if this process traces (broker/tracing.py).
         self.tracer = tracing.tracer("tandem-coordinator")
@@ -88,6 +88,8 @@ class Coordinator:
         after a backoff: nothing found in Redis ends the coordinator."""
         log.info("coordinator on %s", _safe(self.settings.redis_url))
         self._next_sweep = self._next_full = 0.0
+        scaler = threading.Thread(target=self._scaler, name="scaling signal", daemon=True)
+        scaler.start()
         failed = Backoff(first_s=self.settings.feed_ms / 1000, cap_s=5.0)
         seen: set[str] = set()
         while not self._stop.is_set():
@@ -110,6 +112,35 @@ class Coordinator:
                 continue
             failed.reset()
             self._stop.wait(self.settings.feed_ms / 1000)  # the feed's period
+        scaler.join()
+
+    def _scaler(self) -> None:
+        """Measure and publish the scaling signal every SCALE_S while this coordinator
+        leads, on a thread of its own: its reads grow with the executors, and the feed's
+        period must not. A round waits at least as long as the last one took, so the
+        signal has at most half of the coordinator's time."""
+        failed = Backoff(first_s=SCALE_S, cap_s=5.0)
+        seen: set[str] = set()
+        pause = 0.0
+        while not self._stop.wait(pause):
+            if not self.leading:
+                pause = SCALE_S
+                continue
+            started = time.monotonic()
+            try:
+                self.scale()
+            except Exception as e:  # noqa: BLE001 - a Redis error or a bug: logged, retried
+                kind = f"{type(e).__name__}: {e}"[:200]
+                first = kind not in seen  # each kind logged once, as the rounds' errors
+                (log.warning if first else log.debug)(
+                    "scaling signal not measured (%s)", kind, exc_info=first
+                )
+                seen.add(kind)
+                pause = failed.next()
+                continue
+            failed.reset()
+            took = time.monotonic() - started
+            pause = max(SCALE_S - took, took)
 
     @property
     def lease_ms(self) -> int:
@@ -148,9 +179,6 @@ class Coordinator:
                 self._next_full = now + FULL_SWEEP_S
         self.feed()
         self.relay()
-        if now >= self._next_scale:
-            self.scale()
-            self._next_scale = now + SCALE_S
 
     def stop(self) -> None:
         self._stop.set()

@@ -5,9 +5,13 @@ published."""
 
 from __future__ import annotations
 
+import threading
+
 import redis
 
-from tandem.broker import keys
+from helpers import wait_until
+from tandem.broker import keys, message
+from tandem.broker.demand import FIELDS
 from tandem.broker.table import Table
 from tandem.coordinator.service import Coordinator
 
@@ -24,6 +28,12 @@ class Counting(redis.Connection):
         return super().send_packed_command(command, check_health)
 
 
+def read(executor) -> tuple:
+    """What the signal reads of an executor (demand.FIELDS, and its two depths)."""
+    fields = (getattr(executor, f) for f in FIELDS)
+    return (executor.id, *fields, executor.l2_depth, executor.inflight_depth)
+
+
 def fill(table: Table, models: list[str]) -> None:
     """Executors, queued tasks, counters, an SLO and a published signal for each model."""
     for n, model in enumerate(models):
@@ -35,6 +45,8 @@ def fill(table: Table, models: list[str]) -> None:
             )  # fmt: skip
             if e:
                 table.redis.rpush(keys.l2(executor), *[b"task"] * e)
+                speed = {"rate": 100.0 * e, "base_ms": 20, "per_item_ms": 0.5, "lag_ms": 30}
+                table.redis.hset(keys.executor(executor), mapping=speed)
         table.redis.rpush(keys.l1_keys(model)[-1], *[b"task"] * (n + 1))
         table.redis.rpush(keys.l1(model), b"task")
         if n % 2:
@@ -50,7 +62,7 @@ def test_every_models_demand_is_what_the_per_model_reads_give(r):
     found = table.demands([*MODELS[:5], "sim:9"])
     for n, model in enumerate(MODELS[:5]):
         demand = found[model]
-        assert demand.executors == table.executors(model)
+        assert [read(e) for e in demand.executors] == [read(e) for e in table.executors(model)]
         assert demand.counters == table.counters(model) == {"stored": 10 * n, "shed:submit": n}
         assert demand.l1_depth == table.l1_depth(model) == n + 2
         assert demand.retry_depth == table.retry_depth(model) == 2 * (n % 2)
@@ -91,3 +103,25 @@ def test_a_wrong_typed_signal_key_is_moved_aside_and_written(r):
     table.publish_scales({"sim:1": {"wanted": 2.0}, "sim:2": {"wanted": 1.0}})
     assert table.scale("sim:1") == {"wanted": 2.0} and table.scale("sim:2") == {"wanted": 1.0}
     assert r.lrange(keys.scale("sim:1") + ":wrongtype", 0, -1) == [b"not a hash"]
+
+
+def test_the_signal_goes_on_beside_the_feed_and_after_its_connection_is_killed(settings, r):
+    """A running coordinator publishes the signal on its own thread while its loop feeds
+    L1 to a ready executor; killing its connections costs a round or two, not the signal."""
+    table = Table(r)
+    table.register("a", "sim:1", worker="w", max_batch=4, ttl_ms=60_000, max_wait_ms=5, pid=1)
+    coordinator = Coordinator(settings)
+    runner = threading.Thread(target=coordinator.run)
+    runner.start()
+    try:
+        wait_until(lambda: table.scale("sim:1").get("at_ms"), 10, "a published signal")
+        assert table.claim_or_idle("a", "sim:1", 4) is None  # IDLE: the feed's to fill
+        r.lpush(keys.l1("sim:1"), message.encode("sim:1", [1], queue=keys.l1("sim:1"))[1])
+        wait_until(lambda: r.llen(keys.l2("a")) == 1, 10, "the plain task fed to L2")
+        r.client_kill_filter(_type="normal", skipme=True)
+        killed_ms = table.now_ms()
+        wait_until(lambda: table.scale("sim:1").get("at_ms", 0) > killed_ms, 10, "a signal after")
+    finally:
+        coordinator.stop()
+        runner.join(30)
+    assert not runner.is_alive()
