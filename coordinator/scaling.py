@@ -8,12 +8,13 @@ is, not how many executors are needed. The signal here is demand over capacity:
   failure, the shed included), refused at submit (Overloaded, QueueFull), and the growth
   of what waits (L1, the retry list, the executors' L2 and in-flight), so tasks that
   plain Celery clients publish count too. It is the largest of its rate over
-  LONG_WINDOW_S, its rate over SHORT_WINDOW_S and, in a surge, its rate over the last
-  SURGE_S: it rises within a second or two and falls slowly. A surge is when both
-  halves of the last SURGE_S each hold far more tasks than the rate before them
-  explains (SURGE_Z standard deviations of a Poisson count); asking both keeps one
-  burst (a large submit_many) from counting as a change of demand. The two short rates
-  are read LOW_Z standard deviations low: wanted holds the highest of its readings for
+  LONG_WINDOW_S, its rate over SHORT_WINDOW_S and, in a surge, the lower of its rates
+  over the last two intervals between readings: it rises within half a second to two
+  and falls slowly. A surge is when each of the last two intervals holds far more tasks
+  than the rate before them explains (SURGE_Z standard deviations of a Poisson count);
+  asking both, and taking the lower, keeps one burst (a large submit_many, counted in
+  one interval) from counting as a change of demand. The short rates are read LOW_Z
+  standard deviations low: wanted holds the highest of its readings for
   a whole window, and the highest of many noisy readings is their noise, so unbiased
   short rates would keep an executor more for each peak of noise.
 - capacity: what one executor computes per second at the largest batch that still
@@ -44,8 +45,8 @@ from tandem.broker.state import ExecutorInfo
 #: The windows the offered rate is measured over: the shorter lets it rise fast.
 SHORT_WINDOW_S = 2.0
 LONG_WINDOW_S = 10.0
-#: A surge: the last SURGE_S against the SHORT_WINDOW_S before it.
-SURGE_S = 1.0
+#: A surge: each of the last two intervals between readings this many standard
+#: deviations above the SHORT_WINDOW_S before them.
 SURGE_Z = 4.0
 #: How far below its count a short window's rate is read, in standard deviations.
 LOW_Z = 2.0
@@ -117,22 +118,24 @@ class Rate:
 
 
 def surge_rate(samples: Sequence[tuple[float, float]]) -> float | None:
-    """A step up in a counter's rate, seen within SURGE_S: the rate over the last SURGE_S
-    (read LOW_Z low) when each of its halves is well above what the SHORT_WINDOW_S before
-    it predicts; else None. samples: (t, total), oldest first, the last one now."""
-    t_s, total = samples[-1]
-    start, middle, half = (
-        sample_at(samples, t_s - back) for back in (SURGE_S + SHORT_WINDOW_S, SURGE_S, SURGE_S / 2)
-    )
-    if start is None or middle is None or half is None or start[0] >= middle[0]:
+    """A step up in a counter's rate, seen within two readings: when each of the last two
+    intervals between readings holds far more than the SHORT_WINDOW_S before them
+    predicts, the lower of their two rates (read LOW_Z low); else None. samples: (t,
+    total), oldest first, the last one now."""
+    if len(samples) < 3:
+        return None
+    (t0, a0), (t1, a1), (t_s, total) = samples[-3], samples[-2], samples[-1]
+    start = sample_at(samples, t0 - SHORT_WINDOW_S)
+    if start is None or start[0] >= t0:
         return None  # too little history yet
-    (t1, a1), (t2, a2) = middle, half
-    before = (a1 - start[1]) / (t1 - start[0])
-    for (ta, aa), (tb, ab) in (((t1, a1), (t2, a2)), ((t2, a2), (t_s, total))):
+    before = (a0 - start[1]) / (t0 - start[0])
+    rates = []
+    for (ta, aa), (tb, ab) in (((t0, a0), (t1, a1)), ((t1, a1), (t_s, total))):
         expected = before * (tb - ta)
         if tb <= ta or ab - aa <= expected + SURGE_Z * math.sqrt(max(expected, 1.0)):
             return None
-    return low_rate(total - a1, t_s - t1, LOW_Z)
+        rates.append(low_rate(ab - aa, tb - ta, LOW_Z))
+    return min(rates)
 
 
 @dataclass(frozen=True)

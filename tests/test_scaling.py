@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from helpers import fast_settings
 from tandem.broker.state import ExecutorInfo
-from tandem.coordinator.scaling import LOW_Z, Rate, Signal, capacity_at_slo, low_rate
+from tandem.coordinator.scaling import (
+    LOW_Z,
+    Rate,
+    Signal,
+    capacity_at_slo,
+    low_rate,
+    surge_rate,
+)
 
 
 def executor(base_ms=20.0, per_item_ms=0.5, max_batch=32, gap_ms=1.0, margin_ms=2.0, **kw):
@@ -144,22 +151,24 @@ def feed_every(sig: Signal, seconds: float, rate: float, t: float, arrived: floa
     return reading, t, arrived
 
 
-def test_a_surge_counts_within_a_second_and_one_burst_does_not():
+def test_a_surge_counts_within_two_readings_and_one_burst_does_not():
     e = executor()
     sig = signal(scale_headroom=0.15)
     low, t, a = feed_every(sig, 12, 500, 0, 0, executors=[e], slo_ms=None)
     assert low.wanted == 1
-    # One second into a step from 500 to 3000 tasks/s the 2 s window has seen half of it,
-    # (500 + 3000) / 2; the surge, both of its halves far above 500/s, counts all of it.
-    high, t, a = feed_every(sig, 1, 3000, t, a, executors=[e], slo_ms=None)
-    assert high.offered_rps == low_rate(3000, 1, LOW_Z)
+    # Two readings (0.5 s) into a step from 500 to 3000 tasks/s, the 2 s window has seen
+    # a quarter of it; the surge, each of the two intervals far above 500/s, counts it.
+    high, t, a = feed_every(sig, 0.5, 3000, t, a, executors=[e], slo_ms=None)
+    assert high.offered_rps == low_rate(750, 0.25, LOW_Z)
     assert high.wanted == math.ceil(high.offered_rps * 1.15 / e.rate)
-    assert high.wanted > math.ceil(1750 * 1.15 / e.rate)
+    assert high.wanted > math.ceil((500 * 1.5 + 3000 * 0.5) / 2 * 1.15 / e.rate)
 
     sig = signal(scale_headroom=0.15)
     _, t, a = feed_every(sig, 12, 500, 0, 0, executors=[e], slo_ms=None)
-    a += 2000  # one submit_many of 2,000 tasks: in one half of the surge's span only
-    burst, t, a = feed_every(sig, 1, 500, t, a, executors=[e], slo_ms=None)
+    a += 2000  # one submit_many of 2,000 tasks: in one interval between readings
+    for _ in range(4):  # each reading after it: no surge
+        burst, t, a = feed_every(sig, 0.25, 500, t, a, executors=[e], slo_ms=None)
+        assert surge_rate(sig.offered.samples) is None
     assert burst.offered_rps == low_rate(2000 + 500 * 2, 2, LOW_Z)  # the 2 s window's
 
 
