@@ -120,27 +120,31 @@ class Coordinator:
         period must not. A round waits at least as long as the last one took, so the
         signal has at most half of the coordinator's time."""
         failed = Backoff(first_s=SCALE_S, cap_s=5.0)
+        waits = Backoff(cap_s=5.0)  # between tries after a Redis error
         seen: set[str] = set()
         pause = 0.0
         while not self._stop.wait(pause):
             if not self.leading:
                 pause = SCALE_S
                 continue
-            started = time.monotonic()
             try:
-                self.scale()
-            except Exception as e:  # noqa: BLE001 - a Redis error or a bug: logged, retried
-                kind = f"{type(e).__name__}: {e}"[:200]
-                first = kind not in seen  # each kind logged once, as the rounds' errors
-                (log.warning if first else log.debug)(
-                    "scaling signal not measured (%s)", kind, exc_info=first
+                took = retry(
+                    self._timed_scale, what="scaling signal", stop=self._stop, backoff=waits
                 )
+            except Exception as e:  # noqa: BLE001 - a bug or a value no reader expected
+                kind = f"{type(e).__name__}: {e}"[:200]
+                log.error("scaling signal not measured (%s)", kind, exc_info=kind not in seen)
                 seen.add(kind)
                 pause = failed.next()
                 continue
             failed.reset()
-            took = time.monotonic() - started
-            pause = max(SCALE_S - took, took)
+            pause = max(SCALE_S - (took or 0.0), took or 0.0)
+
+    def _timed_scale(self) -> float:
+        """scale(), and how long it took."""
+        started = time.monotonic()
+        self.scale()
+        return time.monotonic() - started
 
     @property
     def lease_ms(self) -> int:
