@@ -81,7 +81,7 @@ def test_the_fleet_profile_parts_measure_what_they_say(tmp_path):
     assert path["redis_cpu_us_per_task"] > 0 and path["script_us_per_task"] > 0
     idle = fleet.idle_load(6, 3, 1.0, tmp_path)
     assert (idle["idle_executors"], idle["workers"]) == (6, 2)
-    assert idle["redis_calls_per_s"] > 0
+    assert idle["redis_calls_per_s"] > 0 and idle["coordinator_cpu_percent"] > 0
     fair = fleet.fairness(3, 20, 0.5, tmp_path)
     assert fair["tasks"] == 10 and len(fair["per_executor"]) == 3
     report = {"route": [row], "path": path, "idle": idle, "fairness": fair}

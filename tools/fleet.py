@@ -3,8 +3,8 @@ fleet grows, on one machine.
 
 fleet: route cost per submit at 2 to 1,024 registered executors (no workers; all
 WORKING, then one IDLE among them); Redis CPU per task on the whole zero-cost path
-(one worker, a burst); Redis load with hundreds of idle sim executors (several per
-worker); and the fairness of routing at low load (tasks per executor).
+(one worker, a burst); Redis's and the coordinator's load with hundreds of idle sim
+executors (several per worker); and the fairness of routing at low load (tasks per executor).
 overhead: a zero-cost model behind tandem, plain Celery and celery-batches, each with
 the same workers and the same burst: tasks/s and Redis CPU per task.
 
@@ -101,12 +101,15 @@ def idle_load(executors: int, per_worker: int, seconds: float, folder: Path) -> 
             mine = min(per_worker, executors - n * per_worker)
             chosen = settings.replace(hostname=f"idle{n}@fleet", executors_per_model=mine)
             workers.append(spawn(["worker"], chosen, folder / "logs" / f"idle{n}.log"))
-        workers.append(spawn(["coordinator"], settings, folder / "logs" / "coordinator.log"))
+        coordinator = spawn(["coordinator"], settings, folder / "logs" / "coordinator.log")
+        workers.append(coordinator)
         client = redis.Redis.from_url(server.url)
         wait_for_executors(client, executors, 300, workers)
         meter = RedisMeter(client).start()
+        coordinator_s = process_cpu_s(coordinator.pid)
         time.sleep(seconds)  # the measurement window itself
         m = meter.read()
+        coordinator_s = process_cpu_s(coordinator.pid) - coordinator_s
         client.close()
     finally:
         for worker in workers:
@@ -117,6 +120,7 @@ def idle_load(executors: int, per_worker: int, seconds: float, folder: Path) -> 
         "workers": count,
         "redis_calls_per_s": round(m["commands"] / m["elapsed_s"]),
         "redis_cpu_percent": round(100 * m["cpu_s"] / m["elapsed_s"], 2),
+        "coordinator_cpu_percent": round(100 * coordinator_s / m["elapsed_s"], 2),
     }
 
 
